@@ -1,0 +1,14 @@
+"""samhq-fx: SAM / SAM-HQ rel-pos attention, fused, under torch.compile.
+
+    model = torch.compile(model, backend="samhq")
+
+The backend (registered as an entry point, so no import is needed) finds every decomposed
+rel-pos attention in the Dynamo graph, replaces it with `torch.ops.samhq.rel_pos_attention`
+(Triton forward and backward on CUDA, a memory-bounded reference elsewhere) and hands the graph
+to Inductor. `samhq_fx.rel_pos_attention` is the same op as a plain function.
+"""
+
+from .op import rel_pos_attention
+
+__version__ = "0.1.0"
+__all__ = ["rel_pos_attention", "__version__"]

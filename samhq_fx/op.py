@@ -1,0 +1,191 @@
+"""The fused op: `torch.ops.samhq.rel_pos_attention` and its backward, registered with torch.library.
+
+    rel_pos_attention(q, k, v, rel_h, rel_w, scale) -> (out, lse)
+        q: [B*heads, Nq, D]   k: [B*heads, Nk, D]   v: [B*heads, Nk, Dv]
+        rel_h: [B*heads, Nq, Hk]   rel_w: [B*heads, Nq, Wk]   with Hk * Wk == Nk (the key grid)
+        out: [B*heads, Nq, Dv] (q's dtype)   lse: [B*heads, Nq] fp32 row log-sum-exp
+
+rel_h / rel_w come in as tensors so the table gather, interpolation and einsums that make them stay
+ordinary graph ops for autograd and Inductor; the op's backward returns dq, dk, dv, d_rel_h, d_rel_w.
+It saves (out, lse) for a flash-style backward, never the probabilities.
+
+Dispatch happens inside the op: Triton kernels on CUDA where `kernels.unsupported_reason` is None,
+the blocked reference (`reference.py`, O(block x N) memory) everywhere else. With Triton installed
+both ops are `torch.library.triton_op`s, so Inductor traces into them and sees the kernels (they
+run inside compiled graphs and CUDA graphs); the reference path is an opaque custom op so its
+Python loop over query blocks is never unrolled into a graph.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from . import reference
+
+log = logging.getLogger("samhq_fx")
+
+try:  # Triton (and with it the kernels) exists on Linux; elsewhere the reference serves alone.
+    from .kernels import rel_pos_attention as _kernels
+    from torch.library import triton_op as _define_op
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    _kernels = None
+    _define_op = None
+
+_warned: set[str] = set()
+
+
+def _kernel_skip_reason(q, k, v, rel_h, rel_w) -> str | None:
+    """None if the Triton kernels take this call; otherwise why the reference runs instead."""
+    if _kernels is None:
+        return "triton is not installed"
+    if q.device.type != "cuda":
+        return f"no kernel for device {q.device.type}"
+    return _kernels.unsupported_reason(q, k, v, rel_h, rel_w)
+
+
+def _note_fallback(reason: str) -> None:
+    # One log line per distinct reason, not one per call.
+    if reason not in _warned:
+        _warned.add(reason)
+        log.info("samhq_fx: rel_pos_attention uses the reference implementation (%s)", reason)
+
+
+# --- reference path: opaque custom ops --------------------------------------------------------
+
+
+@torch.library.custom_op("samhq::rel_pos_attention_reference", mutates_args=())
+def _reference_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return reference.forward(q, k, v, rel_h, rel_w, scale)
+
+
+@_reference_fwd.register_fake
+def _(q, k, v, rel_h, rel_w, scale):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("samhq::rel_pos_attention_reference_backward", mutates_args=())
+def _reference_bwd(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
+    rel_w: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return reference.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+
+
+@_reference_bwd.register_fake
+def _(dout, q, k, v, rel_h, rel_w, out, lse, scale):
+    return tuple(torch.empty_like(t) for t in (q, k, v, rel_h, rel_w))
+
+
+# --- the public ops: kernel or reference, chosen per call ---------------------------------------
+
+
+def _fwd_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    reason = _kernel_skip_reason(q, k, v, rel_h, rel_w)
+    if reason is None:
+        return _kernels.forward(q, k, v, rel_h, rel_w, scale)
+    _note_fallback(reason)
+    return torch.ops.samhq.rel_pos_attention_reference(q, k, v, rel_h, rel_w, scale)
+
+
+def _bwd_impl(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
+    rel_w: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _kernel_skip_reason(q, k, v, rel_h, rel_w) is None:
+        return _kernels.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+    return torch.ops.samhq.rel_pos_attention_reference_backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+
+
+if _define_op is not None:
+    rel_pos_attention_op = _define_op("samhq::rel_pos_attention", mutates_args=())(_fwd_impl)
+    rel_pos_attention_backward_op = _define_op("samhq::rel_pos_attention_backward", mutates_args=())(_bwd_impl)
+else:  # pragma: no cover
+    rel_pos_attention_op = torch.library.custom_op("samhq::rel_pos_attention", mutates_args=())(_fwd_impl)
+    rel_pos_attention_op.register_fake(_fwd_impl)
+    rel_pos_attention_backward_op = torch.library.custom_op(
+        "samhq::rel_pos_attention_backward", mutates_args=()
+    )(_bwd_impl)
+    rel_pos_attention_backward_op.register_fake(_bwd_impl)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, rel_h, rel_w, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
+    grads = torch.ops.samhq.rel_pos_attention_backward(dout, q, k, v, rel_h, rel_w, out, lse, ctx.scale)
+    return (*grads, None)
+
+
+rel_pos_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- functional API -----------------------------------------------------------------------------
+
+
+def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
+    named = {"q": q, "k": k, "v": v, "rel_h": rel_h, "rel_w": rel_w}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rel_pos_attention: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(
+                f"rel_pos_attention: `{name}` must be 3-D [batch*heads, tokens, features], got shape {tuple(t.shape)}"
+            )
+    b, n_q, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b or rel_h.shape[0] != b or rel_w.shape[0] != b:
+        raise ValueError(
+            "rel_pos_attention: all inputs need the same batch*heads (dim 0); got "
+            + ", ".join(f"{n}={tuple(t.shape)}" for n, t in named.items())
+        )
+    if k.shape[2] != d:
+        raise ValueError(f"rel_pos_attention: `k` must have q's head_dim {d} in dim 2, got shape {tuple(k.shape)}")
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"rel_pos_attention: `v` must have as many tokens as `k` ({k.shape[1]}), got {tuple(v.shape)}")
+    if rel_h.shape[1] != n_q or rel_w.shape[1] != n_q:
+        raise ValueError(
+            f"rel_pos_attention: `rel_h` and `rel_w` must have one row per query ({n_q}), got "
+            f"{tuple(rel_h.shape)} and {tuple(rel_w.shape)}"
+        )
+    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    if hk * wk != k.shape[1]:
+        raise ValueError(
+            f"rel_pos_attention: key grid rel_h.shape[2] x rel_w.shape[2] = {hk} x {wk} = {hk * wk} must equal "
+            f"the number of keys k.shape[1] = {k.shape[1]}"
+        )
+    dtypes = {n: t.dtype for n, t in named.items()}
+    if len(set(dtypes.values())) != 1:
+        raise TypeError(f"rel_pos_attention: all inputs must share one dtype, got {dtypes}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"rel_pos_attention: inputs must be floating point, got {q.dtype}")
+    devices = {n: t.device for n, t in named.items()}
+    if len(set(devices.values())) != 1:
+        raise ValueError(f"rel_pos_attention: all inputs must be on one device, got {devices}")
+    if not isinstance(scale, (int, float)):
+        raise TypeError(f"rel_pos_attention: `scale` must be a Python float, got {type(scale).__name__}")
+
+
+def rel_pos_attention(q, k, v, rel_h, rel_w, scale: float | None = None) -> torch.Tensor:
+    """softmax(scale * q @ k^T + rel_h[..., :, None] + rel_w[..., None, :]) @ v, fused.
+
+    q: [B*heads, Nq, D], k: [B*heads, Nk, D], v: [B*heads, Nk, Dv], rel_h: [B*heads, Nq, Hk],
+    rel_w: [B*heads, Nq, Wk] with Hk * Wk == Nk; scale defaults to D ** -0.5.
+    Returns [B*heads, Nq, Dv]. Differentiable in all five tensors.
+    """
+    if scale is None and isinstance(q, torch.Tensor) and q.dim() == 3:
+        scale = q.shape[-1] ** -0.5
+    _check_inputs(q, k, v, rel_h, rel_w, scale)
+    out, _lse = torch.ops.samhq.rel_pos_attention(q, k, v, rel_h, rel_w, float(scale))
+    return out
