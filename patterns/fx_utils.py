@@ -1,0 +1,139 @@
+"""Small, composable readers for Dynamo FX graphs (torch-level IR).
+
+Dynamo records one piece of math in many spellings: `a + b`, `torch.add(a, b)`, `a.add(b)`;
+`x @ y`, `torch.matmul`, `torch.bmm`; `F.softmax`, `torch.softmax`, `x.softmax`. The matcher
+asks questions about meaning ("is this an add, and of what?"), so every spelling is folded here
+into one canonical op name with normalised arguments. Shapes come from the fake tensors Dynamo
+stores in `node.meta["example_value"]`.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Node
+
+try:  # compare symbolic sizes without installing guards
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+except ImportError:  # pragma: no cover
+    statically_known_true = None
+
+# call_function targets -> canonical name
+_FUNCTIONS: dict[Any, str] = {
+    operator.add: "add", operator.iadd: "add", torch.add: "add",
+    operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
+    operator.truediv: "div", operator.itruediv: "div", torch.div: "div", torch.true_divide: "div",
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "matmul",
+    F.softmax: "softmax", torch.softmax: "softmax", torch.special.softmax: "softmax",
+    F.dropout: "dropout", torch.dropout: "dropout",
+    F.scaled_dot_product_attention: "sdpa",
+    torch.reshape: "reshape", torch.transpose: "transpose", torch.permute: "permute",
+    torch.unsqueeze: "unsqueeze", torch.t: "t", operator.getitem: "getitem",
+}
+for _name in ("add", "mul", "div", "matmul", "bmm", "softmax", "reshape", "transpose", "permute", "unsqueeze", "t"):
+    _FUNCTIONS.setdefault(getattr(torch.Tensor, _name), {"bmm": "matmul"}.get(_name, _name))
+
+# call_method names -> canonical name
+_METHODS = {
+    "add": "add", "add_": "add", "__add__": "add", "__radd__": "add",
+    "mul": "mul", "mul_": "mul", "__mul__": "mul", "__rmul__": "mul",
+    "div": "div", "div_": "div", "__truediv__": "div",
+    "matmul": "matmul", "bmm": "matmul", "__matmul__": "matmul",
+    "softmax": "softmax",
+    "reshape": "reshape", "view": "reshape", "reshape_as": "reshape", "view_as": "reshape",
+    "transpose": "transpose", "permute": "permute", "t": "t", "unsqueeze": "unsqueeze",
+    "to": "cast", "type": "cast", "type_as": "cast", "float": "cast", "half": "cast",
+    "bfloat16": "cast", "contiguous": "identity", "clone": "identity",
+}
+
+
+def op_name(node: Node) -> str | None:
+    """Canonical name of what `node` computes, or None for anything the matcher does not read."""
+    if node.op == "call_function":
+        return _FUNCTIONS.get(node.target) or _sdpa_alias(node.target)
+    if node.op == "call_method":
+        return _METHODS.get(node.target)
+    return None
+
+
+def _sdpa_alias(target) -> str | None:
+    # torch._C._nn.scaled_dot_product_attention is what Dynamo records for F.sdpa.
+    return "sdpa" if getattr(target, "__name__", "") == "scaled_dot_product_attention" else None
+
+
+def arg(node: Node, index: int, name: str, default: Any = None) -> Any:
+    """Argument `index` (positional, counting self for methods) or keyword `name`."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def value(node: Any) -> torch.Tensor | None:
+    """The fake tensor Dynamo recorded for `node` (None for non-tensors and non-nodes)."""
+    if not isinstance(node, Node):
+        return None
+    v = node.meta.get("example_value", node.meta.get("val"))
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def shape(node: Any) -> tuple | None:
+    v = value(node)
+    return None if v is None else tuple(v.shape)
+
+
+def is_static(size: Any) -> bool:
+    return isinstance(size, int)
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """a == b for sizes that may be symbolic, true only if provably equal (no guard installed)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if statically_known_true is None:
+        return False
+    return bool(statically_known_true(a == b))
+
+
+def numel(shp: tuple) -> Any:
+    return math.prod(shp) if shp else 1
+
+
+def as_number(x: Any) -> float | None:
+    """A Python constant usable as a scale factor (not a tensor, not a SymFloat)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    return None
+
+
+def tensor_operands(node: Node) -> list[Node]:
+    return [a for a in node.args if isinstance(a, Node)]
+
+
+def is_last_two_swapped(node: Node, ndim: int) -> bool:
+    """transpose(-2, -1) / permute(..., n-1, n-2) / .t(): the k -> k^T of attention scores."""
+    name = op_name(node)
+    if name == "t":
+        return ndim == 2
+    if name == "transpose":
+        d0, d1 = arg(node, 1, "dim0"), arg(node, 2, "dim1")
+        if not (isinstance(d0, int) and isinstance(d1, int)):
+            return False
+        return {d0 % ndim, d1 % ndim} == {ndim - 2, ndim - 1}
+    if name == "permute":
+        dims = node.args[1:] if node.op == "call_method" else [arg(node, 1, "dims")]
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+        dims = [d % ndim for d in dims] if all(isinstance(d, int) for d in dims) else None
+        return dims == [*range(ndim - 2), ndim - 1, ndim - 2]
+    return False
+
+
+def single_user(node: Node) -> Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None

@@ -1,0 +1,78 @@
+"""The `samhq` torch.compile backend: Inductor, plus the rel-pos attention rewrite.
+
+    torch.compile(model, backend="samhq")                           # registered as an entry point
+    torch.compile(model, backend="samhq", mode="reduce-overhead")   # any Inductor mode
+    torch.compile(model, backend="samhq", options={"samhq.dump_dir": "dumps", "max_autotune": True})
+
+Everything but the rewrite is Inductor's. The rewrite runs on the Dynamo graph (before autograd is
+traced), here in the backend so its counters and dumps exist even when Inductor's caches hit; the
+same pass object is then given to Inductor as `pre_grad_custom_pass`, where its `uuid()` enters the
+cache key. `compile_fx` does the rest with the mode's and the user's Inductor options.
+
+samhq's own options (keys of `options`, or environment variables):
+    samhq.rewrite      bool, default True   False: plain Inductor            (SAMHQ_FX_DISABLE=1)
+    samhq.dump_dir     str, default None    write graphs + match report here (SAMHQ_FX_DUMP_DIR)
+    samhq.min_seq_len  int, default 1       leave attention over fewer keys alone (SAMHQ_FX_MIN_SEQ_LEN)
+All other keys are Inductor config options, passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .rewrite import RelPosAttentionPass
+
+SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1}
+
+
+def _env_defaults() -> dict[str, Any]:
+    env = dict(SAMHQ_OPTIONS)
+    if os.environ.get("SAMHQ_FX_DISABLE", "0") not in ("", "0"):
+        env["samhq.rewrite"] = False
+    if os.environ.get("SAMHQ_FX_DUMP_DIR"):
+        env["samhq.dump_dir"] = os.environ["SAMHQ_FX_DUMP_DIR"]
+    if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
+        env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
+    return env
+
+
+def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(samhq options with defaults and env applied, Inductor options)."""
+    ours = _env_defaults()
+    inductor = {}
+    for key, val in (options or {}).items():
+        if key.startswith("samhq."):
+            if key not in SAMHQ_OPTIONS:
+                raise ValueError(f"samhq backend: unknown option {key!r}; known: {sorted(SAMHQ_OPTIONS)}")
+            ours[key] = val
+        else:
+            inductor[key] = val
+    return ours, inductor
+
+
+def inductor_config_patches(mode: str | None, inductor_options: dict[str, Any]) -> dict[str, Any]:
+    """What torch.compile(backend="inductor", mode=..., options=...) would set."""
+    from torch._inductor import list_mode_options
+
+    patches = dict(list_mode_options(mode) if mode and mode != "default" else {})
+    patches.update(inductor_options)
+    return patches
+
+
+def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options=None):
+    """Dynamo backend: rewrite rel-pos attention, compile the rest with Inductor."""
+    from torch._inductor.compile_fx import compile_fx
+
+    ours, inductor = split_options(options)
+    patches = inductor_config_patches(mode, inductor)
+    if ours["samhq.rewrite"]:
+        if patches.get("pre_grad_custom_pass") is not None:
+            raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
+        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"])
+        rewrite(gm.graph)
+        gm.recompile()
+        patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
+    return compile_fx(gm, example_inputs, config_patches=patches)

@@ -1,0 +1,51 @@
+"""Hugging Face SAM / SAM-HQ models with random weights, for examples, tests and benchmarks.
+
+transformers 5.x builds `SamHQVisionModel(config)` with most weights at zero (it expects a
+checkpoint to be loaded), which makes every attention uniform and every gradient vanish: useless
+for checking numerics or timing real data. `random_init_` gives every parameter a real draw.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def tiny_vision_config(attn_implementation: str = "eager", **overrides):
+    """A SAM-HQ ViT small enough for a 2-core CPU: 8x8 patches, 3x3 windows + one global layer."""
+    from transformers import SamHQVisionConfig
+
+    kw = dict(
+        hidden_size=32, num_attention_heads=2, image_size=32, patch_size=4, num_hidden_layers=2,
+        global_attn_indexes=[1], window_size=3, mlp_dim=64, output_channels=16,
+    )
+    kw.update(overrides)
+    cfg = SamHQVisionConfig(**kw)
+    cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+def vit_b_vision_config(attn_implementation: str = "eager"):
+    """SAM-HQ ViT-B at 1024x1024: 64x64 tokens, 14x14 windows, global layers 2, 5, 8, 11."""
+    from transformers import SamHQVisionConfig
+
+    cfg = SamHQVisionConfig()
+    cfg._attn_implementation = attn_implementation
+    return cfg
+
+
+@torch.no_grad()
+def random_init_(model: torch.nn.Module, seed: int = 0, rel_pos_std: float = 0.02) -> torch.nn.Module:
+    """Fan-in scaled normal weights, small random biases, random rel-pos tables and norms."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "rel_pos" in name:
+            std = rel_pos_std
+        elif p.dim() >= 2:
+            std = 1.0 / math.sqrt(p[0].numel())
+        else:
+            std = 0.02
+        base = 1.0 if name.endswith("weight") and p.dim() == 1 else 0.0  # norms start near 1
+        p.copy_(base + std * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
+    return model

@@ -1,0 +1,183 @@
+"""The graph pass: replace each matched rel-pos attention with `torch.ops.samhq.rel_pos_attention`.
+
+`RelPosAttentionPass` is an Inductor `CustomGraphPass`: the backend installs it as
+`pre_grad_custom_pass`, so it sees the Dynamo graph (before autograd is traced) and its `uuid()`
+keys Inductor's FX graph cache: the cache stays on, and changes to the pass or the op invalidate it.
+
+Emission uses only shape-free ops (flatten / squeeze / unflatten with sizes read from the graph),
+so rewritten graphs keep working with a dynamic batch dimension.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch.fx import Graph, Node
+
+from . import op as _op  # noqa: F401  (registers torch.ops.samhq.*)
+from .patterns.fx_utils import is_static, shape, value
+from .patterns.rel_pos_attention import Candidate, Match, RelTerm, find_candidates
+from . import debug
+
+log = logging.getLogger("samhq_fx")
+
+_PKG = Path(__file__).resolve().parent
+
+
+def _source_files() -> tuple[str, ...]:
+    """Files whose contents decide what the pass emits and what the op computes."""
+    import samhq_fx.kernels as kernels_pkg
+    import samhq_fx.patterns as patterns_pkg
+
+    files = [Path(__file__), _PKG / "op.py", _PKG / "reference.py"]
+    for pkg in (patterns_pkg, kernels_pkg):
+        files += sorted(Path(pkg.__file__).parent.glob("*.py"))
+    return tuple(str(f) for f in files)
+
+
+class _Emitter:
+    """Inserts nodes before `anchor`, giving each a fake value so later passes can read shapes."""
+
+    def __init__(self, graph: Graph, anchor: Node, fake_mode):
+        self.graph, self.anchor, self.fake_mode = graph, anchor, fake_mode
+
+    def _meta(self, node: Node) -> Node:
+        def fake(a):
+            return value(a) if isinstance(a, Node) and value(a) is not None else (
+                a.meta.get("example_value") if isinstance(a, Node) else a
+            )
+
+        args = torch.fx.node.map_aggregate(node.args, fake)
+        kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
+        with self.fake_mode:
+            if node.op == "call_method":
+                result = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                result = node.target(*args, **kwargs)
+        node.meta["example_value"] = result
+        return node
+
+    def method(self, name: str, *args) -> Node:
+        with self.graph.inserting_before(self.anchor):
+            return self._meta(self.graph.call_method(name, args))
+
+    def function(self, fn, *args) -> Node:
+        with self.graph.inserting_before(self.anchor):
+            return self._meta(self.graph.call_function(fn, args))
+
+
+def _to_3d(em: _Emitter, node: Node) -> Node:
+    # [*batch, N, D] -> [prod(batch), N, D]
+    nd = len(shape(node))
+    if nd == 3:
+        return node
+    if nd == 2:
+        return em.method("unsqueeze", node, 0)
+    return em.method("flatten", node, 0, nd - 3)
+
+
+def _rel_term_3d(em: _Emitter, term: RelTerm) -> Node:
+    # leaf broadcast along one key axis -> [prod(batch), Nq, K]
+    t = em.method("squeeze", term.node, term.squeeze)
+    n_batch, n_query = len(term.batch), len(term.query)
+    if n_query > 1:
+        t = em.method("flatten", t, n_batch, n_batch + n_query - 1)
+    if n_batch == 0:
+        return em.method("unsqueeze", t, 0)
+    if n_batch > 1:
+        t = em.method("flatten", t, 0, n_batch - 1)
+    return t
+
+
+def _sum_terms(em: _Emitter, terms: list[RelTerm]) -> Node | None:
+    total = None
+    for term in terms:
+        t = _rel_term_3d(em, term)
+        total = t if total is None else em.function(operator.add, total, t)
+    return total
+
+
+def _zeros_along(em: _Emitter, like: Node, size: int) -> Node:
+    # A missing rel_h / rel_w: zeros of shape [B, Nq, size] (batch may be symbolic).
+    col = em.method("narrow", like, -1, 0, 1)
+    return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), -1, -1, size))
+
+
+def apply_match(graph: Graph, m: Match) -> Node:
+    """Rewrite one match in place; returns the node that now carries the attention output."""
+    fake_mode = value(m.q).fake_mode
+    em = _Emitter(graph, m.output, fake_mode)
+    q, k, v = (_to_3d(em, n) for n in (m.q, m.k, m.v))
+    rel_h, rel_w = _sum_terms(em, m.rel_h), _sum_terms(em, m.rel_w)
+    if rel_h is None:
+        rel_h = _zeros_along(em, rel_w, m.grid[0])
+    if rel_w is None:
+        rel_w = _zeros_along(em, rel_h, m.grid[1])
+    fused = em.function(torch.ops.samhq.rel_pos_attention.default, q, k, v, rel_h, rel_w, float(m.scale))
+    out = em.function(operator.getitem, fused, 0)
+    target = shape(m.output)
+    if len(target) == 2:
+        out = em.method("squeeze", out, 0)
+    elif len(target) > 3:
+        sizes = tuple(s if is_static(s) else em.method("size", m.v, i) for i, s in enumerate(target[:-2]))
+        out = em.method("unflatten", out, 0, sizes)
+    if value(m.output).dtype != value(out).dtype:
+        out = em.method("to", out, value(m.output).dtype)
+    m.output.replace_all_uses_with(out)
+    _erase_dead(graph, m.nodes)
+    return fused
+
+
+def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
+    # Only the nodes this match made dead; never a global DCE (the graph may hold side effects).
+    changed = True
+    while changed:
+        changed = False
+        for n in list(nodes):
+            if not n.users and n.op in ("call_function", "call_method"):
+                graph.erase_node(n)
+                nodes.discard(n)
+                changed = True
+
+
+class RelPosAttentionPass(CustomGraphPass):
+    """Inductor pre-grad pass: fuse every rel-pos attention of the graph it is given."""
+
+    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None):
+        self.min_seq_len = int(min_seq_len)
+        self.dump_dir = dump_dir
+        self.last_candidates: list[Candidate] = []
+        self._done: set[int] = set()
+
+    def __call__(self, graph: Graph) -> None:
+        # The backend runs the pass itself (so counters and dumps exist even when Inductor's cache
+        # hits), then hands it to Inductor for its uuid; Inductor's call on the same graph is a no-op.
+        if id(graph) in self._done:
+            return
+        self._done.add(id(graph))
+        before = debug.graph_source(graph) if self.dump_dir else None
+        candidates = find_candidates(graph, self.min_seq_len)
+        for cand in candidates:
+            if cand.match is not None:
+                apply_match(graph, cand.match)
+        graph.lint()
+        self.last_candidates = candidates
+        fused = sum(c.match is not None for c in candidates)
+        counters["samhq"]["fused"] += fused
+        counters["samhq"]["skipped"] += len(candidates) - fused
+        counters["samhq"]["graphs"] += 1
+        index = counters["samhq"]["graphs"]
+        log.info("samhq_fx: graph %d: fused %d of %d attention candidates", index, fused, len(candidates))
+        for cand in candidates:
+            if cand.match is None:
+                log.debug("samhq_fx: graph %d: left %s alone: %s", index, cand.node.name, cand.reason)
+        if self.dump_dir:
+            debug.write_dump(self.dump_dir, index, before, debug.graph_source(graph), candidates)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files(_source_files()) + f"|min_seq_len={self.min_seq_len}".encode()
