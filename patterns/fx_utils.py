@@ -31,7 +31,8 @@ _FUNCTIONS: dict[Any, str] = {
     F.softmax: "softmax", torch.softmax: "softmax", torch.special.softmax: "softmax",
     F.dropout: "dropout", torch.dropout: "dropout",
     F.scaled_dot_product_attention: "sdpa",
-    torch.reshape: "reshape", torch.transpose: "transpose", torch.permute: "permute",
+    torch.reshape: "reshape", torch.flatten: "reshape", torch.unflatten: "reshape",
+    torch.transpose: "transpose", torch.permute: "permute",
     torch.unsqueeze: "unsqueeze", torch.t: "t", operator.getitem: "getitem",
 }
 for _name in ("add", "mul", "div", "matmul", "bmm", "softmax", "reshape", "transpose", "permute", "unsqueeze", "t"):
@@ -45,6 +46,7 @@ _METHODS = {
     "matmul": "matmul", "bmm": "matmul", "__matmul__": "matmul",
     "softmax": "softmax",
     "reshape": "reshape", "view": "reshape", "reshape_as": "reshape", "view_as": "reshape",
+    "flatten": "reshape", "unflatten": "reshape",
     "transpose": "transpose", "permute": "permute", "t": "t", "unsqueeze": "unsqueeze",
     "to": "cast", "type": "cast", "type_as": "cast", "float": "cast", "half": "cast",
     "bfloat16": "cast", "contiguous": "identity", "clone": "identity",

@@ -117,7 +117,13 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
             for operand in node.args[:2]:
                 walk(operand, own)
             return
-        if name in ("reshape", "identity") and same_size(numel(shape(node.args[0]) or ()), full):
+        src = node.args[0] if node.args else None
+        if (
+            name in ("reshape", "identity")
+            and value(src) is not None
+            and value(src).dtype == value(node).dtype  # x.view(dtype) is a bitcast, not a reshape
+            and same_size(numel(shape(src)), full)
+        ):
             nodes.add(node)
             walk(node.args[0], shape(node.args[0]))
             return

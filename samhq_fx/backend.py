@@ -13,6 +13,9 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.rewrite      bool, default True   False: plain Inductor            (SAMHQ_FX_DISABLE=1)
     samhq.dump_dir     str, default None    write graphs + match report here (SAMHQ_FX_DUMP_DIR)
     samhq.min_seq_len  int, default 1       leave attention over fewer keys alone (SAMHQ_FX_MIN_SEQ_LEN)
+    samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
+                                            Inductor (debugging: is a difference the rewrite's or
+                                            Inductor's?; also compiles in a fraction of the time)
 All other keys are Inductor config options, passed through unchanged.
 """
 
@@ -25,7 +28,7 @@ import torch
 
 from .rewrite import RelPosAttentionPass
 
-SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1}
+SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1, "samhq.inductor": True}
 
 
 def _env_defaults() -> dict[str, Any]:
@@ -75,4 +78,8 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         rewrite(gm.graph)
         gm.recompile()
         patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
+    if not ours["samhq.inductor"]:
+        from torch._dynamo.backends.debugging import aot_eager
+
+        return aot_eager(gm, example_inputs)
     return compile_fx(gm, example_inputs, config_patches=patches)

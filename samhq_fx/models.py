@@ -12,16 +12,17 @@ import math
 import torch
 
 
-def tiny_vision_config(attn_implementation: str = "eager", **overrides):
-    """A SAM-HQ ViT small enough for a 2-core CPU: 8x8 patches, 3x3 windows + one global layer."""
-    from transformers import SamHQVisionConfig
+def tiny_vision_config(attn_implementation: str = "eager", family: str = "sam_hq", **overrides):
+    """A SAM-HQ (or SAM, family="sam") ViT small enough for a 2-core CPU: 8x8 patches, 3x3 windows
+    (the 8x8 grid is padded to 9x9 for them) and one global layer."""
+    from transformers import SamHQVisionConfig, SamVisionConfig
 
     kw = dict(
         hidden_size=32, num_attention_heads=2, image_size=32, patch_size=4, num_hidden_layers=2,
         global_attn_indexes=[1], window_size=3, mlp_dim=64, output_channels=16,
     )
     kw.update(overrides)
-    cfg = SamHQVisionConfig(**kw)
+    cfg = {"sam_hq": SamHQVisionConfig, "sam": SamVisionConfig}[family](**kw)
     cfg._attn_implementation = attn_implementation
     return cfg
 

@@ -60,6 +60,8 @@ class _Emitter:
             else:
                 result = node.target(*args, **kwargs)
         node.meta["example_value"] = result
+        if "stack_trace" in self.anchor.meta:  # dumps then say which source line was fused
+            node.meta["stack_trace"] = self.anchor.meta["stack_trace"]
         return node
 
     def method(self, name: str, *args) -> Node:
