@@ -1,0 +1,31 @@
+"""Shared test helpers: random rel-pos attention inputs and error measures."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rand_inputs(b, grid_q, grid_k, d, dtype=torch.float32, dv=None, device="cpu", requires_grad=False, seed=0):
+    """q [b, Nq, d], k [b, Nk, d], v [b, Nk, dv], rel_h [b, Nq, Hk], rel_w [b, Nq, Wk]; O(1) values."""
+    g = torch.Generator().manual_seed(seed)
+    n_q = grid_q[0] * grid_q[1]
+    n_k = grid_k[0] * grid_k[1]
+    shapes = [(b, n_q, d), (b, n_k, d), (b, n_k, dv or d), (b, n_q, grid_k[0]), (b, n_q, grid_k[1])]
+    out = []
+    for s in shapes:
+        t = torch.randn(s, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+        out.append(t.requires_grad_(requires_grad))
+    return out
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| in float64; NaN anywhere gives inf so it never passes."""
+    got, ref = got.detach().double(), ref.detach().double().to(got.device)
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def fresh_compile_state():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()

@@ -1,0 +1,217 @@
+"""The `samhq` backend end to end on CPU: registration, options, HF models, dumps, dynamic batch."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from expecttest import assert_expected_inline
+from torch._dynamo.utils import counters
+
+from samhq_fx.models import random_init_, tiny_vision_config
+from samhq_fx.rewrite import RelPosAttentionPass
+
+from helpers import fresh_compile_state, rel_err
+
+# The rewrite followed by aot_eager instead of Inductor: the same matcher, op and autograd, without
+# minutes of C++ compilation on CI's two cores. Tests marked INDUCTOR run the real pipeline.
+FAST = {"samhq.inductor": False}
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sol076  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_backend_is_registered_without_import():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert any(ep.name == "samhq" and ep.value == "samhq_fx.backend:samhq_backend" for ep in eps)
+    assert "samhq" in torch._dynamo.list_backends()
+
+
+def test_mode_and_options_pass_through_to_inductor(monkeypatch):
+    seen = {}
+
+    def fake_compile_fx(gm, example_inputs, config_patches=None):
+        seen.update(config_patches)
+        return gm.forward
+
+    import torch._inductor.compile_fx
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
+    from samhq_fx.backend import samhq_backend
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    samhq_backend(gm, [torch.ones(2)], mode="max-autotune-no-cudagraphs", options=None)
+    assert seen["max_autotune"] is True and isinstance(seen["pre_grad_custom_pass"], RelPosAttentionPass)
+    seen.clear()
+    samhq_backend(gm, [torch.ones(2)], options={"epilogue_fusion": False, "samhq.rewrite": False})
+    assert seen == {"epilogue_fusion": False}
+    with pytest.raises(ValueError, match="unknown option 'samhq.dump'"):
+        samhq_backend(gm, [torch.ones(2)], options={"samhq.dump": "x"})
+
+
+def test_pass_uuid_is_stable_and_keyed_on_settings():
+    assert RelPosAttentionPass().uuid() == RelPosAttentionPass().uuid()
+    assert RelPosAttentionPass(min_seq_len=1).uuid() != RelPosAttentionPass(min_seq_len=64).uuid()
+
+
+def _attention_region(src: str) -> str:
+    """The rewritten graph from the rel-pos einsums to the output, without `x = None` frees."""
+    lines = [re.sub(r";  .* = None$", "", l.strip()) for l in src.splitlines()]
+    start = next(i for i, l in enumerate(lines) if l.startswith("rel_h = "))
+    return "\n".join(l for l in lines[start:] if l)
+
+
+def test_expected_rewrite_of_hf_samhq_attention(tmp_path):
+    from transformers.models.sam_hq.modeling_sam_hq import SamHQVisionAttention
+
+    fresh_compile_state()
+    attn = random_init_(SamHQVisionAttention(tiny_vision_config(), window_size=3))
+    f = torch.compile(lambda x: attn(x)[0], backend="samhq", options={"samhq.dump_dir": str(tmp_path)})
+    f(torch.randn(1, 3, 3, 32))
+    after = (tmp_path / "graph_1_after.py").read_text()
+    after = "\n".join(l for l in after.splitlines() if not l.strip().startswith("#"))
+    after = re.sub(r': "[^"]*"', "", after)  # drop shape annotations
+    assert_expected_inline(
+        _attention_region(after),
+        """\
+rel_h = torch.functional.einsum('bhwc,hkc->bhwk', reshaped_query, relative_position_height)
+rel_w = torch.functional.einsum('bhwc,wkc->bhwk', reshaped_query, relative_position_width)
+getitem_9 = rel_h[(slice(None, None, None), slice(None, None, None), slice(None, None, None), slice(None, None, None), None)]
+getitem_10 = rel_w[(slice(None, None, None), slice(None, None, None), slice(None, None, None), None, slice(None, None, None))]
+squeeze = getitem_9.squeeze(4)
+flatten = squeeze.flatten(1, 2)
+squeeze_1 = getitem_10.squeeze(3)
+flatten_1 = squeeze_1.flatten(1, 2)
+rel_pos_attention_default = torch.ops.samhq.rel_pos_attention.default(query, key, value, flatten, flatten_1, 0.25)
+getitem_11 = rel_pos_attention_default[0]
+attn_output = getitem_11.reshape(1, 2, 3, 3, -1)
+permute_3 = attn_output.permute(0, 2, 3, 1, 4)
+attn_output_1 = permute_3.reshape(1, 3, 3, -1)
+attn_output_2 = torch._C._nn.linear(attn_output_1, l_attn_modules_proj_parameters_weight_, l_attn_modules_proj_parameters_bias_)
+return (attn_output_2,)""",
+    )
+    assert "softmax" not in after and "@" not in after
+
+
+MODELS = [("sam_hq", "eager"), ("sam_hq", "sdpa"), ("sam", "eager"), ("sam", "sdpa")]
+
+
+def _vision_model(family, impl, **overrides):
+    from transformers import SamHQVisionModel, SamVisionModel
+
+    cls = {"sam_hq": SamHQVisionModel, "sam": SamVisionModel}[family]
+    return random_init_(cls(tiny_vision_config(impl, family=family, **overrides)), rel_pos_std=0.5)
+
+
+def _loss_and_grads(model, fn, x, **kw):
+    model.zero_grad()
+    out = fn(x, **kw)
+    out.last_hidden_state.pow(2).mean().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family,impl,options", [(f, i, FAST) for f, i in MODELS] + [("sam_hq", "sdpa", None)])
+def test_hf_vision_model_matches_eager(family, impl, options):
+    fresh_compile_state()
+    model = _vision_model(family, impl)
+    x = torch.randn(2, 3, 32, 32)
+    ref, ref_grads = _loss_and_grads(model, model, x)
+    out, grads = _loss_and_grads(model, torch.compile(model, backend="samhq", options=options), x)
+    n_layers = model.config.num_hidden_layers
+    assert counters["samhq"]["fused"] == n_layers  # windowed and global layers alike
+    assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
+    assert grads.keys() == ref_grads.keys() and len(grads) > 0
+    for name, g in grads.items():
+        assert rel_err(g, ref_grads[name]) < 1e-4, name
+    assert any("rel_pos_h" in n for n in grads)
+
+
+def test_output_attentions_is_left_alone():
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager")
+    x = torch.randn(1, 3, 32, 32)
+    ref = model(x, output_attentions=True)
+    out = torch.compile(model, backend="samhq", options=FAST)(x, output_attentions=True)
+    assert counters["samhq"]["fused"] == 0 and counters["samhq"]["skipped"] == 2
+    assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
+    for a, r in zip(out.attentions, ref.attentions):
+        assert rel_err(a, r) < 1e-5
+
+
+def test_active_dropout_is_left_alone():
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager", attention_dropout=0.2).train()
+    x = torch.randn(1, 3, 32, 32)
+    torch.manual_seed(0)
+    ref = model(x).last_hidden_state
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(0)
+        out = torch.compile(model, backend="samhq", options=FAST)(x).last_hidden_state
+    assert counters["samhq"]["fused"] == 0 and counters["samhq"]["skipped"] == 2
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_dynamic_batch_compiles_once():
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "sdpa")
+    f = torch.compile(model, backend="samhq", options=FAST)
+    for b in (2, 3, 4):
+        x = torch.randn(b, 3, 32, 32)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert rel_err(f(x).last_hidden_state, model(x).last_hidden_state) < 1e-5
+    assert counters["samhq"]["graphs"] == 1
+    assert counters["samhq"]["fused"] == 2
+
+
+def test_new_batch_size_recompiles_at_most_once():
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager")
+    f = torch.compile(model, backend="samhq", options=FAST)
+    for b in (1, 2, 3, 4, 2):
+        x = torch.randn(b, 3, 32, 32)
+        assert rel_err(f(x).last_hidden_state, model(x).last_hidden_state) < 1e-5
+    assert counters["samhq"]["graphs"] <= 2  # static, then automatic-dynamic batch
+    assert counters["samhq"]["fused"] == 2 * counters["samhq"]["graphs"]
+
+
+def test_dumps_show_both_graphs_and_report(tmp_path, monkeypatch):
+    fresh_compile_state()
+    monkeypatch.setenv("SAMHQ_FX_DUMP_DIR", str(tmp_path))
+    model = _vision_model("sam_hq", "sdpa")
+    torch.compile(model, backend="samhq", options=FAST)(torch.randn(1, 3, 32, 32))
+    before = (tmp_path / "graph_1_before.py").read_text()
+    after = (tmp_path / "graph_1_after.py").read_text()
+    report = (tmp_path / "graph_1_report.txt").read_text()
+    code = "\n".join(l for l in after.splitlines() if not l.strip().startswith("#"))  # not the source comments
+    assert "scaled_dot_product_attention" in before and "samhq.rel_pos_attention" not in before
+    assert "samhq.rel_pos_attention" in code and "scaled_dot_product_attention" not in code
+    assert report.startswith("2 of 2 attention candidates fused") and report.count("FUSED") == 2
+
+
+def test_disable_env_var_gives_plain_inductor(monkeypatch):
+    fresh_compile_state()
+    monkeypatch.setenv("SAMHQ_FX_DISABLE", "1")
+    model = _vision_model("sam_hq", "eager")
+    x = torch.randn(1, 3, 32, 32)
+    out = torch.compile(model, backend="samhq", options=FAST)(x)
+    assert counters["samhq"]["graphs"] == 0
+    assert rel_err(out.last_hidden_state, model(x).last_hidden_state) < 1e-5
+
+
+def test_sol076_layer_all_seven_gradients_against_float64():
+    fresh_compile_state()
+    grad_output, *inputs = sol076.make_inputs(7, 7, 1, generator=torch.Generator().manual_seed(0))
+    layer = torch.compile(sol076.attention_layer, backend="samhq", fullgraph=True)
+    got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
+    assert counters["samhq"]["fused"] == 1
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+        assert rel_err(g, r) < 1e-5, name
+    assert sol076.check(got, ref, atol=sol076.WORKLOADS[(7, 7, 1)]) == (True, "ok")

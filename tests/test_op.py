@@ -1,0 +1,101 @@
+"""The op and its reference: numerics against the naive formula and float64, gradcheck, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import samhq_fx
+from samhq_fx import reference
+
+from helpers import rand_inputs, rel_err
+
+SHAPES = [  # (batch*heads, query grid, key grid, head_dim)
+    (2, (7, 7), (7, 7), 16),
+    (3, (5, 9), (5, 9), 8),  # non-square grid
+    (1, (1, 1), (1, 1), 4),  # a single token
+    (2, (4, 6), (3, 5), 8),  # Nq != Nk
+]
+
+
+@pytest.mark.parametrize("b,gq,gk,d", SHAPES)
+@pytest.mark.parametrize("block", [None, 7])  # 7 queries per block: N is never a multiple of it
+def test_reference_matches_naive(b, gq, gk, d, block, monkeypatch):
+    if block is not None:
+        monkeypatch.setattr(reference, "query_block", lambda *_: block)
+    q, k, v, rh, rw = rand_inputs(b, gq, gk, d, dtype=torch.float64, seed=b + d)
+    scale = d**-0.5
+    out, lse = reference.forward(q, k, v, rh, rw, scale)
+    assert rel_err(out, reference.naive(q, k, v, rh, rw, scale)) < 1e-12
+    s = (q * scale) @ k.transpose(-2, -1)
+    s = (s.view(b, -1, gk[0], gk[1]) + rh[..., :, None] + rw[..., None, :]).flatten(-2)
+    assert rel_err(lse, torch.logsumexp(s, -1)) < 1e-6  # lse is stored in fp32
+
+    # backward against autograd through the naive formula, all five gradients
+    dout = torch.randn_like(out)
+    grads = reference.backward(dout, q, k, v, rh, rw, out, lse, scale)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, rh, rw)]
+    expected = torch.autograd.grad(reference.naive(*leaves, scale), leaves, dout)
+    for name, got, ref in zip(("dq", "dk", "dv", "d_rel_h", "d_rel_w"), grads, expected):
+        assert rel_err(got, ref) < 1e-6, name
+
+
+def test_query_block_bounds_memory():
+    # SAM-B global attention at B=4: 48 heads x 4096 keys; a block must stay O(block x N), not N x N.
+    step = reference.query_block(48, 4096, 4096)
+    assert 48 * step * 4096 <= reference._BLOCK_ELEMENTS
+    assert 1 <= step < 4096
+
+
+def test_gradcheck_float64():
+    inputs = rand_inputs(2, (3, 4), (3, 4), 5, dtype=torch.float64, requires_grad=True, seed=1)
+    assert torch.autograd.gradcheck(lambda *a: samhq_fx.rel_pos_attention(*a, scale=0.37), inputs)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_functional_api_against_float64(dtype, tol):
+    inputs = rand_inputs(3, (5, 9), (5, 9), 16, dtype=dtype, requires_grad=True, seed=2)
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    out = samhq_fx.rel_pos_attention(*inputs)  # default scale = D ** -0.5
+    ref = reference.naive(*ref_inputs, 16**-0.5)
+    assert out.dtype == dtype
+    assert rel_err(out, ref) < tol
+    dout = torch.randn_like(ref)
+    for got, exp in zip(torch.autograd.grad(out, inputs, dout.to(dtype)), torch.autograd.grad(ref, ref_inputs, dout)):
+        assert got.dtype == dtype
+        assert rel_err(got, exp) < tol
+
+
+def test_compiles_with_inductor_and_dynamic_batch():
+    f = torch.compile(lambda *a: samhq_fx.rel_pos_attention(*a, scale=0.5), backend="inductor", dynamic=True)
+    for b in (2, 3):
+        inputs = rand_inputs(b, (3, 5), (3, 5), 8, requires_grad=True, seed=b)
+        out = f(*inputs)
+        ref = reference.naive(*[t.double() for t in inputs], 0.5)
+        assert rel_err(out, ref) < 1e-5
+        out.sum().backward()
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in inputs)
+
+
+def _good():
+    return rand_inputs(2, (3, 4), (3, 4), 8, seed=3)
+
+
+@pytest.mark.parametrize(
+    "mutate,error,words",
+    [
+        (lambda a: a.__setitem__(0, a[0][0]), ValueError, "`q` must be 3-D"),
+        (lambda a: a.__setitem__(4, a[4][..., :3]), ValueError, "key grid"),
+        (lambda a: a.__setitem__(3, a[3][:, :5]), ValueError, "one row per query"),
+        (lambda a: a.__setitem__(2, a[2].double()), TypeError, "one dtype"),
+        (lambda a: a.__setitem__(1, a[1].to("meta")), ValueError, "one device"),
+        (lambda a: a.__setitem__(1, a[1][:1]), ValueError, r"same batch\*heads"),
+        (lambda a: a.__setitem__(0, a[0].long()), TypeError, "dtype"),
+        (lambda a: a.__setitem__(2, "v"), TypeError, "`v` must be a torch.Tensor"),
+    ],
+)
+def test_bad_input_names_the_argument(mutate, error, words):
+    args = _good()
+    mutate(args)
+    with pytest.raises(error, match=words):
+        samhq_fx.rel_pos_attention(*args, scale=0.3)

@@ -1,0 +1,149 @@
+"""The matcher on hand-written spellings of rel-pos attention, and on look-alikes it must leave alone.
+
+Each spelling is compiled with backend="samhq"; a match must give eager's output and gradients,
+a non-match must be reported with its reason and still give eager's numbers (plain Inductor).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from helpers import fresh_compile_state, rel_err
+
+B, HEADS, GH, GW, D = 2, 2, 3, 5, 8  # non-square 3x5 grid, N = 15
+N = GH * GW
+
+
+def inputs(seed=0, heads_dim=False):
+    g = torch.Generator().manual_seed(seed)
+    shp = (B, HEADS, N, D) if heads_dim else (B * HEADS, N, D)
+    q, k, v = (torch.randn(shp, generator=g) for _ in range(3))
+    rel_h = torch.randn(*shp[:-2], GH, GW, GH, generator=g)  # [..., qh, qw, kh]
+    rel_w = torch.randn(*shp[:-2], GH, GW, GW, generator=g)  # [..., qh, qw, kw]
+    return [t.requires_grad_() for t in (q, k, v, rel_h, rel_w)]
+
+
+# --- spellings that must match -----------------------------------------------------------------
+
+
+def hf_eager(q, k, v, rel_h, rel_w):  # transformers SamHQVisionAttention
+    attn = (q * D**-0.5) @ k.transpose(-2, -1)
+    bias = rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]
+    attn = attn + bias.reshape_as(attn)
+    attn = torch.nn.functional.softmax(attn, dtype=torch.float32, dim=-1).to(q.dtype)
+    attn = F.dropout(attn, p=0.0, training=True)
+    return attn @ v
+
+
+def five_d_view(q, k, v, rel_h, rel_w):  # segment-anything / the benchmark: bias on a 5-D view
+    attn = (q * D**-0.5) @ k.transpose(-2, -1)
+    attn = (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N)
+    return attn.softmax(dim=-1) @ v
+
+
+def reordered(q, k, v, rel_h, rel_w):  # any order, scale on k^T, torch.add, permute, unsqueeze
+    kt = k.permute(0, 2, 1) * (1 / math.sqrt(D))
+    scores = torch.matmul(q, kt)
+    bias_w = rel_w.unsqueeze(-2).reshape(-1, GH, GW, 1, GW)
+    s = torch.add(bias_w, rel_h.unsqueeze(-1)) + scores.view(-1, GH, GW, GH, GW)
+    return torch.bmm(torch.softmax(s.reshape(-1, N, N), -1), v)
+
+
+def post_scaled_4d(q, k, v, rel_h, rel_w):  # [B, heads, N, D] layout, scores divided after the matmul
+    scores = (q @ k.transpose(2, 3)) / math.sqrt(D)
+    scores = scores + (rel_h[..., None] + rel_w[..., None, :]).flatten(-2).flatten(2, 3)
+    return F.softmax(scores, dim=-1) @ v
+
+
+def hf_sdpa(q, k, v, rel_h, rel_w):  # transformers SamHQVisionSdpaAttention
+    bias = (rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).reshape(B, HEADS, N, N)
+    q4, k4, v4 = (t.view(B, HEADS, N, D) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias)
+
+
+MATCHING = [
+    (hf_eager, False), (five_d_view, False), (reordered, False), (post_scaled_4d, True), (hf_sdpa, False),
+]
+
+
+@pytest.mark.parametrize("fn,heads_dim", MATCHING, ids=[f.__name__ for f, _ in MATCHING])
+def test_spelling_is_fused_and_exact(fn, heads_dim):
+    fresh_compile_state()
+    args = inputs(heads_dim=heads_dim)
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    ref = fn(*ref_args)
+    out = torch.compile(fn, backend="samhq", fullgraph=True)(*args)
+    assert counters["samhq"]["fused"] == 1, dict(counters["samhq"])
+    assert rel_err(out, ref) < 1e-5
+    dout = torch.randn_like(ref)
+    got = torch.autograd.grad(out, args, dout.float())
+    exp = torch.autograd.grad(ref, ref_args, dout)
+    for name, g, e in zip(("q", "k", "v", "rel_h", "rel_w"), got, exp):
+        assert rel_err(g, e) < 1e-5, name
+
+
+# --- look-alikes that must be left alone, with a reason --------------------------------------
+
+
+def returns_probs(q, k, v, rel_h, rel_w):  # output_attentions=True
+    attn = (q * D**-0.5) @ k.transpose(-2, -1) + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    p = attn.softmax(-1)
+    return p @ v, p
+
+
+def active_dropout(q, k, v, rel_h, rel_w):
+    attn = (q * D**-0.5) @ k.transpose(-2, -1) + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    return F.dropout(attn.softmax(-1), p=0.3, training=True) @ v
+
+
+def extra_dense_mask(q, k, v, rel_h, rel_w):
+    attn = (q * D**-0.5) @ k.transpose(-2, -1) + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    return (attn + q.new_ones(B * HEADS, N, N).triu(1) * -1e4).softmax(-1) @ v
+
+
+def shared_rel_bias(q, k, v, rel_h, rel_w):  # the same bias for every batch element
+    attn = (q * D**-0.5) @ k.transpose(-2, -1) + (rel_h[0, ..., None] + rel_w[0, ..., None, :]).reshape(N, N)
+    return attn.softmax(-1) @ v
+
+
+def no_bias(q, k, v, rel_h, rel_w):
+    return ((q * D**-0.5) @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+def softmax_over_queries(q, k, v, rel_h, rel_w):
+    attn = (q * D**-0.5) @ k.transpose(-2, -1) + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    return attn.softmax(-2) @ v
+
+
+LEFT_ALONE = [
+    (returns_probs, "used elsewhere"), (active_dropout, "dropout is active"), (extra_dense_mask, "dense terms"),
+    (shared_rel_bias, "broadcast over batch"), (no_bias, "no rel-pos bias"), (softmax_over_queries, "not the last"),
+]
+
+
+@pytest.mark.parametrize("fn,reason", LEFT_ALONE, ids=[f.__name__ for f, _ in LEFT_ALONE])
+def test_look_alike_is_left_alone_with_reason(fn, reason, tmp_path):
+    fresh_compile_state()
+    args = inputs()
+    torch.manual_seed(0)
+    ref = fn(*args)
+    with torch._inductor.config.patch(fallback_random=True):  # eager's dropout RNG, so numbers compare
+        torch.manual_seed(0)
+        out = torch.compile(fn, backend="samhq", options={"samhq.dump_dir": str(tmp_path)})(*args)
+    assert counters["samhq"]["fused"] == 0
+    report = (tmp_path / "graph_1_report.txt").read_text()
+    assert "SKIPPED" in report and reason in report, report
+    for o, r in zip(out if isinstance(out, tuple) else [out], ref if isinstance(ref, tuple) else [ref]):
+        assert rel_err(o, r) < 1e-5
+
+
+def test_min_seq_len_option_leaves_short_attention_alone():
+    fresh_compile_state()
+    out = torch.compile(hf_eager, backend="samhq", options={"samhq.min_seq_len": N + 1})(*inputs())
+    assert counters["samhq"]["fused"] == 0 and counters["samhq"]["skipped"] == 1
+    assert rel_err(out, hf_eager(*inputs())) < 1e-5
