@@ -1,0 +1,1 @@
+"""Triton kernels for decomposed rel-pos attention (installed as ``samhq_fx.kernels``)."""

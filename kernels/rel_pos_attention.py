@@ -1,0 +1,583 @@
+"""Fused Triton kernels for SAM's decomposed relative-position attention, forward and backward.
+
+This room holds the GPU implementation of the one op samhq-fx fuses. Per batch*head b and query i,
+with key j at row j // Wk, column j % Wk of an Hk x Wk key grid:
+
+    s[i, j] = scale * <q[i], k[j]> + rel_h[i, j // Wk] + rel_w[i, j % Wk]
+    lse[i]  = log sum_j exp(s[i, j])                  (natural log, fp32)
+    out[i]  = sum_j exp(s[i, j] - lse[i]) * v[j]
+
+It is flash attention with the bias built on the fly: no N x N matrix ever reaches memory.
+
+The one idea that makes the bias cheap: every key tile is a whole number R of key-grid rows, with the
+row width padded to a power of two WK_PAD (BLOCK_N = R * WK_PAD; padded columns are masked keys). Then
+  * the rel_w part of the bias, rel_w[i, n % WK_PAD], is the same for every key tile: it is loaded
+    once per query block, before the key loop;
+  * the rel_h part is rel_h[i, kh0] for the whole tile when R == 1 (grids at least 64 wide: one
+    [BLOCK_M] vector load per tile), or a small gather from L1 when R > 1 (narrow grids);
+  * in the backward, d_rel_w[i, :] is the plain elementwise sum of the dS tiles (R == 1) and
+    d_rel_h[i, kh0] is one row-sum of the tile, both owned by the program that owns query row i.
+The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys masked).
+
+Kernels (jitted first, host functions after):
+  _fwd_kernel        grid (query blocks, B)   online softmax over key tiles -> out, lse
+  _bwd_delta_kernel  grid (query blocks, B)   delta[i] = <dout[i], out[i]>
+  _bwd_dkdv_kernel   grid (key tiles, B)      owns a key tile, loops over query blocks -> dk, dv
+  _bwd_dq_kernel     grid (query blocks, B)   owns a query block, loops over key tiles -> dq, d_rel_h, d_rel_w
+The backward uses no atomics: every output element has exactly one writer and a fixed reduction
+order, so the same inputs give the same bits (block sizes are fixed per shape, not autotuned, so
+that holds across processes too). The price is recomputing P in both backward kernels
+(7 N*N*D matmuls for the backward pair instead of FA2's 5 with atomic dq).
+
+Precision: fp16/bf16 operands feed the tensor cores directly; fp32 operands follow
+torch.get_float32_matmul_precision() as PyTorch's matmuls do ("highest" -> 3-pass TF32 dots, fp32-accurate,
+"high" -> TF32, "medium" -> operands cast to bf16). Accumulators and softmax statistics are fp32.
+
+All launches go through torch.library.wrap_triton and host functions only allocate and launch, so
+they can run inside a torch.library.triton_op traced by Inductor with fake tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Under the interpreter (CPU CI) blocks are small so a tiny test shape still crosses several query
+# blocks and several key tiles, and partial blocks at both ends get exercised.
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Test hook: when True, every output buffer is filled with NaN right after allocation, so an element
+# a kernel fails to write shows up as NaN in the tests. Never set in production.
+_POISON_OUTPUTS = False
+
+# Block-size knobs, per kernel. BLOCK_N is a target: the key tile is R whole grid rows (see module
+# docstring), R = max(1, BLOCK_N // WK_PAD). Chosen from a sweep on the H200 (benchmarks/NOTES.md), for
+# head dims padded to <= 64; tests and benchmarks may override entries.
+CONFIG = {  # fp16 / bf16 inputs
+    "fwd": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
+    "dkdv": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "delta": dict(BLOCK_M=128, num_warps=4, num_stages=1),
+}
+CONFIG_FP32 = {  # fp32 inputs ("high" / "medium" / "highest")
+    "fwd": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "dkdv": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+}
+# fp32 + TF32 only: dkdv with 32-query steps and 4 stages measured 10% faster (2.12 vs 2.36 ms)
+CONFIG_TF32 = {"dkdv": dict(BLOCK_M=32, num_warps=4, num_stages=4)}
+# head dim padded above 64 (ViT-H's 80 -> 128): the configs validated on the H200 for that size
+# (fp32 ones shrink so twice-as-wide fp32 tiles fit the 227 KB of shared memory: the fp32 D=80
+# forward at 128 x 64 x 3 stages would want 320 KB)
+CONFIG_WIDE = {
+    "fwd": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "dkdv": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+}
+CONFIG_WIDE_FP32 = {
+    "fwd": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    "dkdv": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+    "dq": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+}
+CONFIG_INTERPRET = {
+    "fwd": dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    "dkdv": dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    "dq": dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+    "delta": dict(BLOCK_M=16, num_warps=4, num_stages=1),
+}
+if _INTERPRET:
+    CONFIG = CONFIG_FP32 = CONFIG_INTERPRET
+    CONFIG_TF32 = CONFIG_WIDE = CONFIG_WIDE_FP32 = {}
+
+_MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
+_MAX_WK = 128  # one key-grid row must fit in one key tile
+
+
+# ----------------------------------------------------------------------------------------------
+# Jitted kernels
+# ----------------------------------------------------------------------------------------------
+
+
+# Triton's CPU interpreter (3.9) computes bf16 x bf16 dots wrongly (garbage, ~1e10), so under the
+# interpreter bf16 operands are widened to fp32 first. That is exact: bf16 products fit in fp32, the
+# same as a bf16 MMA with fp32 accumulation.
+_INTERPRET_WIDEN_BF16 = tl.constexpr(_INTERPRET)
+
+
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr):
+    # PREC: "none" (fp16/bf16 operands), or for fp32 operands "ieee" | "tf32x3" | "tf32" | "bf16".
+    if PREC == "bf16":
+        a = a.to(tl.bfloat16)
+        b = b.to(tl.bfloat16)
+    if _INTERPRET_WIDEN_BF16:
+        if a.dtype == tl.bfloat16:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+    if PREC == "ieee":
+        r = tl.dot(a, b, acc, input_precision="ieee")
+    elif PREC == "tf32x3":
+        r = tl.dot(a, b, acc, input_precision="tf32x3")
+    elif PREC == "tf32":
+        r = tl.dot(a, b, acc, input_precision="tf32")
+    else:
+        r = tl.dot(a, b, acc)
+    return r
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, RH, RW, O, LSE,
+    sq_b, sq_n, sq_d,
+    sk_b, sk_n, sk_d,
+    sv_b, sv_n, sv_d,
+    srh_b, srh_n, srh_k,
+    srw_b, srw_n, srw_k,
+    so_b, so_n, so_d,
+    slse_b,
+    N_Q, qk_scale,  # qk_scale = scale * log2(e): scores live in the log2 domain
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+):
+    # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
+    # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
+    BLOCK_N: tl.constexpr = R * WK_PAD
+    LOG2E: tl.constexpr = 1.4426950408889634
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_dv = tl.arange(0, DV_PAD)
+    row = offs_n // WK_PAD  # grid row of key n inside the tile (0..R-1)
+    col = offs_n % WK_PAD  # grid column of key n (same for every tile)
+    m_ok = offs_m < N_Q
+    col_ok = col < WK
+
+    # q: [BLOCK_M, D_PAD], stays in registers for the whole key loop
+    q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
+                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    # rel_w bias: [BLOCK_M, BLOCK_N]; key tiles are whole grid rows, so it is the same for every tile
+    rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
+                 mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * LOG2E
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
+    # R == 1: rel_h[:, kh0] is a strided [BLOCK_M] gather the pipeliner leaves synchronous, so it is
+    # prefetched by hand one tile ahead (its latency then hides behind the two dots).
+    rh_next = tl.zeros([BLOCK_M], tl.float32)
+    if R == 1:
+        rh_next = tl.load(RH + b * srh_b + offs_m * srh_n, mask=m_ok, other=0.0).to(tl.float32) * LOG2E
+
+    for kh0 in range(0, HK, R):
+        kh = kh0 + row
+        n_ok = col_ok & (kh < HK)
+        j = kh * WK + col  # key index in the flattened grid
+        # kT: [D_PAD, BLOCK_N]
+        kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
+                     mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+        qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        if R == 1:
+            # the whole tile is grid row kh0: one rel_h value per query (prefetched last iteration)
+            s = qk * qk_scale + rw + rh_next[:, None]
+            rh_next = tl.load(RH + b * srh_b + offs_m * srh_n + (kh0 + 1) * srh_k,
+                              mask=m_ok & (kh0 + 1 < HK), other=0.0).to(tl.float32) * LOG2E
+        else:
+            rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
+                         mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
+            s = qk * qk_scale + rw + rh.to(tl.float32) * LOG2E
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+
+        # online softmax; every tile holds at least one real key, so m_new is finite
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        # v: [BLOCK_N, DV_PAD]
+        v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
+                    mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc, PREC)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
+             out.to(O.dtype.element_ty), mask=m_ok[:, None] & (offs_dv[None, :] < DV))
+    # back to natural log
+    lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+    tl.store(LSE + b * slse_b + offs_m, lse, mask=m_ok)
+
+
+@triton.jit
+def _bwd_delta_kernel(
+    O, DO, DELTA,
+    so_b, so_n, so_d,
+    sdo_b, sdo_n, sdo_d,
+    sdl_b,
+    N_Q,
+    DV: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    # out, dout: [B, N_Q, DV] -> delta: [B, N_Q] fp32, delta[i] = sum_d dout[i, d] * out[i, d]
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, DV_PAD)
+    mask = (offs_m[:, None] < N_Q) & (offs_dv[None, :] < DV)
+    o = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d, mask=mask, other=0.0)
+    do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + b * sdl_b + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, RH, RW, DO, LSE, DELTA, DK, DV_,
+    sq_b, sq_n, sq_d,
+    sk_b, sk_n, sk_d,
+    sv_b, sv_n, sv_d,
+    srh_b, srh_n, srh_k,
+    srw_b, srw_n, srw_k,
+    sdo_b, sdo_n, sdo_d,
+    slse_b, slse_n, sdl_b,  # lse: [B, N_Q] (any strides), delta: [B, N_Q] contiguous
+    sdk_b, sdk_n, sdk_d,
+    sdv_b, sdv_n, sdv_d,
+    N_Q, qk_scale, scale,
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+):
+    # Owns key tile (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
+    # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
+    BLOCK_N: tl.constexpr = R * WK_PAD
+    LOG2E: tl.constexpr = 1.4426950408889634
+    pid_t = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    kh0 = pid_t * R
+
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_dv = tl.arange(0, DV_PAD)
+    row = offs_n // WK_PAD
+    col = offs_n % WK_PAD
+    kh = kh0 + row
+    col_ok = col < WK
+    n_ok = col_ok & (kh < HK)
+    j = kh * WK + col
+
+    # k: [BLOCK_N, D_PAD], v: [BLOCK_N, DV_PAD], resident for the whole query loop
+    k = tl.load(K + b * sk_b + j[:, None] * sk_n + offs_d[None, :] * sk_d,
+                mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
+                mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+    dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
+
+    for m0 in range(0, N_Q, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < N_Q
+        # qT: [D_PAD, BLOCK_M], do: [BLOCK_M, DV_PAD]
+        qT = tl.load(Q + b * sq_b + offs_m[None, :] * sq_n + offs_d[:, None] * sq_d,
+                     mask=m_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+        do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
+                     mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * LOG2E
+        delta = tl.load(DELTA + b * sdl_b + offs_m, mask=m_ok, other=0.0)
+        # bias^T: [BLOCK_N, BLOCK_M]
+        biasT = tl.load(RW + b * srw_b + offs_m[None, :] * srw_n + col[:, None] * srw_k,
+                        mask=m_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
+        if R == 1:
+            rh = tl.load(RH + b * srh_b + offs_m * srh_n + kh0 * srh_k, mask=m_ok, other=0.0)
+            biasT += rh.to(tl.float32)[None, :]
+        else:
+            rh = tl.load(RH + b * srh_b + offs_m[None, :] * srh_n + kh[:, None] * srh_k,
+                         mask=m_ok[None, :] & (kh < HK)[:, None], other=0.0)
+            biasT += rh.to(tl.float32)
+
+        qkT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
+        pT = tl.math.exp2(qkT * qk_scale + biasT * LOG2E - lse[None, :])
+        pT = tl.where(n_ok[:, None] & m_ok[None, :], pT, 0.0)
+        dv = _dot(pT.to(do.dtype), do, dv, PREC)
+        # dpT = v @ do^T: [BLOCK_N, BLOCK_M]
+        dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, PREC)
+
+    dk = dk * scale
+    tl.store(DK + b * sdk_b + j[:, None] * sdk_n + offs_d[None, :] * sdk_d, dk.to(DK.dtype.element_ty),
+             mask=n_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(DV_ + b * sdv_b + j[:, None] * sdv_n + offs_dv[None, :] * sdv_d, dv.to(DV_.dtype.element_ty),
+             mask=n_ok[:, None] & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW,
+    sq_b, sq_n, sq_d,
+    sk_b, sk_n, sk_d,
+    sv_b, sv_n, sv_d,
+    srh_b, srh_n, srh_k,
+    srw_b, srw_n, srw_k,
+    sdo_b, sdo_n, sdo_d,
+    slse_b, slse_n, sdl_b,
+    sdq_b, sdq_n, sdq_d,
+    sdrh_b, sdrh_n, sdrh_k,
+    sdrw_b, sdrw_n, sdrw_k,
+    N_Q, qk_scale, scale,
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+):
+    # Owns a query block, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
+    # reduces them itself: no atomics, fixed order.
+    BLOCK_N: tl.constexpr = R * WK_PAD
+    LOG2E: tl.constexpr = 1.4426950408889634
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_dv = tl.arange(0, DV_PAD)
+    offs_w = tl.arange(0, WK_PAD)
+    row = offs_n // WK_PAD
+    col = offs_n % WK_PAD
+    m_ok = offs_m < N_Q
+    col_ok = col < WK
+
+    # q: [BLOCK_M, D_PAD], do: [BLOCK_M, DV_PAD]
+    q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
+                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
+                 mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * LOG2E
+    delta = tl.load(DELTA + b * sdl_b + offs_m, mask=m_ok, other=0.0)
+    # rel_w bias [BLOCK_M, BLOCK_N], same for every tile (log2 domain, lse folded in)
+    rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
+                 mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * LOG2E - lse[:, None]
+
+    dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    if R == 1:
+        drw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        drw = tl.zeros([BLOCK_M, WK_PAD], tl.float32)
+    rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: prefetched one tile ahead, as in _fwd_kernel
+    if R == 1:
+        rh_next = tl.load(RH + b * srh_b + offs_m * srh_n, mask=m_ok, other=0.0).to(tl.float32) * LOG2E
+
+    for kh0 in range(0, HK, R):
+        kh = kh0 + row
+        n_ok = col_ok & (kh < HK)
+        j = kh * WK + col
+        # kT: [D_PAD, BLOCK_N], vT: [DV_PAD, BLOCK_N]
+        kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
+                     mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+        vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
+                     mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+        qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        if R == 1:
+            s = qk * qk_scale + rw + rh_next[:, None]
+            rh_next = tl.load(RH + b * srh_b + offs_m * srh_n + (kh0 + 1) * srh_k,
+                              mask=m_ok & (kh0 + 1 < HK), other=0.0).to(tl.float32) * LOG2E
+        else:
+            rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
+                         mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
+            s = qk * qk_scale + rw + rh.to(tl.float32) * LOG2E
+        p = tl.math.exp2(s)
+        p = tl.where(n_ok[None, :], p, 0.0)
+        dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32; 0 on masked keys
+        dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
+        if R == 1:
+            # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
+            tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
+                     tl.sum(ds, 1).to(DRH.dtype.element_ty), mask=m_ok)
+            drw += ds
+        else:
+            ds3 = tl.reshape(ds, [BLOCK_M, R, WK_PAD])
+            offs_r = kh0 + tl.arange(0, R)
+            tl.store(DRH + b * sdrh_b + offs_m[:, None] * sdrh_n + offs_r[None, :] * sdrh_k,
+                     tl.sum(ds3, 2).to(DRH.dtype.element_ty), mask=m_ok[:, None] & (offs_r[None, :] < HK))
+            drw += tl.sum(ds3, 1)
+
+    dq = dq * scale
+    tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d[None, :] * sdq_d, dq.to(DQ.dtype.element_ty),
+             mask=m_ok[:, None] & (offs_d[None, :] < D))
+    if R == 1:
+        tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col[None, :] * sdrw_k,
+                 drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
+    else:
+        tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + offs_w[None, :] * sdrw_k,
+                 drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & (offs_w[None, :] < WK))
+
+
+# ----------------------------------------------------------------------------------------------
+# Host functions: allocate and launch only (traced with fake tensors inside a triton_op)
+# ----------------------------------------------------------------------------------------------
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+# "highest" runs 3-pass TF32 (a = hi + lo split; error ~ fp32 rounding): Triton's "ieee" dot runs on
+# FMA units at < 1 TFLOP/s on the H200 (213 ms for the SAM-B global layer, benchmarks/NOTES.md).
+_FP32_PREC = {"highest": "tf32x3", "high": "tf32", "medium": "bf16"}
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 follows torch's matmul precision setting, read at call (= trace) time
+    if dtype == torch.float32:
+        return _FP32_PREC[torch.get_float32_matmul_precision()]
+    return "none"
+
+
+def _tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
+    """(WK_PAD, R): key tile = R grid rows of WK_PAD (padded) columns, BLOCK_N = R * WK_PAD >= 16."""
+    wk_pad = triton.next_power_of_2(wk)
+    r = max(1, target_n // wk_pad)
+    r = min(r, triton.next_power_of_2(hk))  # no tiles taller than the grid
+    while r * wk_pad < 16:  # tl.dot needs every dim >= 16
+        r *= 2
+    return wk_pad, r
+
+
+def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int) -> dict:
+    """Block config for one kernel (see the CONFIG tables)."""
+    fp32 = dtype == torch.float32
+    if kernel == "delta":
+        return dict(CONFIG["delta"])
+    if max(d_pad, dv_pad) > 64 and not _INTERPRET:
+        return dict((CONFIG_WIDE_FP32 if fp32 else CONFIG_WIDE)[kernel])
+    cfg = dict((CONFIG_FP32 if fp32 else CONFIG)[kernel])
+    if prec == "tf32":
+        cfg.update(CONFIG_TF32.get(kernel, {}))
+    return cfg
+
+
+def _pad(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _empty(shape, dtype, device):
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if _POISON_OUTPUTS:
+        t.fill_(float("nan"))
+    return t
+
+
+def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
+    """None if the kernels handle these inputs; else a short reason (the caller then uses the reference)."""
+    ts = (q, k, v, rel_h, rel_w)
+    if any(t.dim() != 3 for t in ts):
+        return "expected q, k, v, rel_h, rel_w of rank 3"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"dtype {q.dtype} not supported by the Triton kernels"
+    if any(t.dtype != q.dtype for t in (k, v)):
+        return "q, k, v must share a dtype"
+    if any(t.dtype not in (torch.float16, torch.bfloat16, torch.float32) for t in (rel_h, rel_w)):
+        return f"rel_h/rel_w dtype {rel_h.dtype}/{rel_w.dtype} not supported"
+    if any(t.device != q.device for t in ts):
+        return "inputs on different devices"
+    if q.device.type != "cuda" and not _INTERPRET:
+        return f"device {q.device.type} (Triton kernels need CUDA)"
+    b, n_q, d = q.shape
+    n_k = k.shape[1]
+    hk, wk = rel_h.shape[-1], rel_w.shape[-1]
+    if k.shape[0] != b or v.shape[0] != b or rel_h.shape[0] != b or rel_w.shape[0] != b:
+        return "batch sizes differ"
+    if k.shape[2] != d:
+        return "q and k head dims differ"
+    if v.shape[1] != n_k:
+        return "k and v lengths differ"
+    if rel_h.shape[1] != n_q or rel_w.shape[1] != n_q:
+        return "rel_h/rel_w rows must equal the number of queries"
+    if hk * wk != n_k:
+        return f"key grid {hk}x{wk} does not match {n_k} keys"
+    if n_q == 0 or n_k == 0 or d == 0 or v.shape[2] == 0:
+        return "empty input"
+    if max(d, v.shape[2]) > _MAX_HEAD_DIM:
+        return f"head dim above {_MAX_HEAD_DIM}"
+    if wk > _MAX_WK:
+        return f"key grid width {wk} above {_MAX_WK}"
+    if (q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "medium"
+            and max(_pad(d), _pad(v.shape[2])) > 64 and not _INTERPRET):
+        # Seen on the H200 (triton 3.6): fp32 "medium" (bf16-cast operands) with the wide-head fp32
+        # configs wrote non-finite dv / hit an illegal address. Cause not established; until it is,
+        # the reference handles this case.
+        return "fp32 'medium' precision with head dim > 64 (known kernel issue)"
+    return None
+
+
+def forward(q, k, v, rel_h, rel_w, scale: float):
+    """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk].
+
+    Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
+    """
+    b, n_q, d = q.shape
+    dv = v.shape[2]
+    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv))
+    wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    out = _empty((b, n_q, dv), q.dtype, q.device)
+    lse = _empty((b, n_q), torch.float32, q.device)
+    grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), b)
+    torch.library.wrap_triton(_fwd_kernel)[grid](
+        q, k, v, rel_h, rel_w, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *out.stride(),
+        lse.stride(0),
+        n_q, scale * 1.4426950408889634,
+        HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, D_PAD=_pad(d), DV_PAD=_pad(dv),
+        BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out, lse
+
+
+def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
+    """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
+    b, n_q, d = q.shape
+    dv_ = v.shape[2]
+    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    prec = _dot_precision(q.dtype)
+    d_pad, dv_pad = _pad(d), _pad(dv_)
+
+    # delta: [B, Nq] fp32
+    cfg = _config("delta", q.dtype, prec, d_pad, dv_pad)
+    delta = _empty((b, n_q), torch.float32, q.device)
+    torch.library.wrap_triton(_bwd_delta_kernel)[(triton.cdiv(n_q, cfg["BLOCK_M"]), b)](
+        out, dout, delta, *out.stride(), *dout.stride(), delta.stride(0), n_q,
+        DV=dv_, DV_PAD=dv_pad, BLOCK_M=cfg["BLOCK_M"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+    dq = _empty(q.shape, q.dtype, q.device)
+    dk = _empty(k.shape, k.dtype, k.device)
+    dv = _empty(v.shape, v.dtype, v.device)
+    drh = _empty(rel_h.shape, rel_h.dtype, rel_h.device)
+    drw = _empty(rel_w.shape, rel_w.dtype, rel_w.device)
+    common = (*q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *dout.stride(), *lse.stride(), delta.stride(0))
+
+    cfg = _config("dkdv", q.dtype, prec, d_pad, dv_pad)
+    wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    torch.library.wrap_triton(_bwd_dkdv_kernel)[(triton.cdiv(hk, r), b)](
+        q, k, v, rel_h, rel_w, dout, lse, delta, dk, dv,
+        *common, *dk.stride(), *dv.stride(),
+        n_q, scale * 1.4426950408889634, scale,
+        HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
+        BLOCK_M=cfg["BLOCK_M"], PREC=prec,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+    cfg = _config("dq", q.dtype, prec, d_pad, dv_pad)
+    wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    torch.library.wrap_triton(_bwd_dq_kernel)[(triton.cdiv(n_q, cfg["BLOCK_M"]), b)](
+        q, k, v, rel_h, rel_w, dout, lse, delta, dq, drh, drw,
+        *common, *dq.stride(), *drh.stride(), *drw.stride(),
+        n_q, scale * 1.4426950408889634, scale,
+        HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
+        BLOCK_M=cfg["BLOCK_M"], PREC=prec,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return dq, dk, dv, drh, drw
