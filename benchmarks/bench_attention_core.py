@@ -1,0 +1,305 @@
+"""Benchmark: the rel-pos attention core alone, forward + backward (d_rel_h / d_rel_w included).
+
+SAM-B global layer: batch 1 x 12 heads, 64x64 grid (N = 4096), head_dim 64, in one run against
+  (a) F.scaled_dot_product_attention, memory-efficient backend, with a dense [1, 12, N, N] bias built
+      from rel_h / rel_w that requires grad (autograd reduces the bias grad back to rel_h / rel_w);
+  (b) FlexAttention (torch.compile'd) with a score_mod reading captured rel_h / rel_w (grads too);
+  (c) our Triton kernels (samhq_fx.kernels.rel_pos_attention forward + backward).
+Modes: bf16, fp32 with TF32 ("high"), fp32 "highest". Then our kernels alone on the SOL-ExecBench
+L2/076 attention shapes (fp32 "high" and "medium"), and optionally a block-config sweep (--sweep).
+
+Timing: triton.testing.do_bench, median, warm-up 25 ms / rep 100 ms, L2 flushed before each call by
+do_bench, over replays of a CUDA graph of the call (GPU time; the eager column times plain calls and so
+adds Python dispatch: eager wrap_triton launches cost tens of microseconds each on the host). Peak memory: torch.cuda.max_memory_allocated over one fwd+bwd call, inputs included.
+FLOPs counted per head: forward 4*N*N*D (QK^T and PV), backward 10*N*N*D (FA convention: dV, dP,
+dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (P recomputed in both
+backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
+
+Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--skip-baselines]
+Writes bench_attention_core.json to --out (default $OUT or .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+try:
+    from samhq_fx.kernels import rel_pos_attention as K
+except ImportError:  # run from the repo root without the package installed
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from kernels import rel_pos_attention as K
+
+HEADS, D = 12, 64
+MODES = {"bf16": (torch.bfloat16, "highest"), "fp32-tf32": (torch.float32, "high"),
+         "fp32-highest": (torch.float32, "highest"), "fp32-medium": (torch.float32, "medium")}
+# SOL-ExecBench L2/076 workloads: (grid side, batch); see shared/reference/sol_execbench_076.md
+SOL = [(7, 1), (7, 64), (14, 1), (14, 2), (14, 8), (16, 1), (16, 32), (28, 4), (32, 1), (32, 2),
+       (32, 4), (32, 8), (48, 1), (48, 2), (56, 1), (64, 4)]
+
+
+def bench(fn):
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graph_bench(fn):
+    """do_bench median over replays of a CUDA graph of fn: GPU time without Python launch overhead
+    (eager wrap_triton dispatch costs tens of microseconds per launch; inside torch.compile the
+    launches are Inductor's)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = bench(g.replay)
+    del g
+    return ms
+
+
+def host_overhead_us(fn, n=200):
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def peak_mem(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+def flops(b, n, d):
+    return 4 * b * n * n * d, 10 * b * n * n * d
+
+
+def make(b, side, dtype, requires_grad=False):
+    n = side * side
+    g = torch.Generator(device="cuda").manual_seed(0)
+    r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).to(dtype)  # noqa: E731
+    q, k, v = r(b, n, D), r(b, n, D), r(b, n, D)
+    rh, rw = r(b, n, side, sc=0.5), r(b, n, side, sc=0.5)
+    do = r(b, n, D)
+    for t in (q, k, v, rh, rw):
+        t.requires_grad_(requires_grad)
+    return q, k, v, rh, rw, do
+
+
+def ours_fns(q, k, v, rh, rw, do, scale):
+    def fwd():
+        return K.forward(q, k, v, rh, rw, scale)
+
+    out, lse = fwd()
+
+    def bwd():
+        return K.backward(do, q, k, v, rh, rw, out, lse, scale)
+
+    def both():
+        o, l = K.forward(q, k, v, rh, rw, scale)
+        return K.backward(do, q, k, v, rh, rw, o, l, scale)
+
+    return fwd, bwd, both
+
+
+def sdpa_fn(q, k, v, rh, rw, do, scale, side):
+    b, n, _ = q.shape
+    q4, k4, v4 = (t.detach().view(b // HEADS, HEADS, n, D).requires_grad_() for t in (q, k, v))
+    rh4 = rh.detach().view(b // HEADS, HEADS, n, side).requires_grad_()
+    rw4 = rw.detach().view(b // HEADS, HEADS, n, side).requires_grad_()
+    do4 = do.view(b // HEADS, HEADS, n, D)
+
+    def both():
+        bias = (rh4[..., :, None] + rw4[..., None, :]).view(b // HEADS, HEADS, n, n)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION):
+            o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias, scale=scale)
+        return torch.autograd.grad(o, (q4, k4, v4, rh4, rw4), do4)
+
+    return both
+
+
+def flex_fn(q, k, v, rh, rw, do, scale, side):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    b, n, _ = q.shape
+    q4, k4, v4 = (t.detach().view(b // HEADS, HEADS, n, D).requires_grad_() for t in (q, k, v))
+    rh4 = rh.detach().view(b // HEADS, HEADS, n, side).requires_grad_()
+    rw4 = rw.detach().view(b // HEADS, HEADS, n, side).requires_grad_()
+    do4 = do.view(b // HEADS, HEADS, n, D)
+
+    def score_mod(score, bi, hi, qi, ki):
+        return score + rh4[bi, hi, qi, ki // side] + rw4[bi, hi, qi, ki % side]
+
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    def both():
+        o = flex(q4, k4, v4, score_mod=score_mod, scale=scale)
+        return torch.autograd.grad(o, (q4, k4, v4, rh4, rw4), do4)
+
+    return both
+
+
+def sam_b_global(results, skip_baselines):
+    side, b = 64, HEADS
+    n = side * side
+    scale = D ** -0.5
+    f_fwd, f_bwd = flops(b, n, D)
+    rows = []
+    for mode in ("bf16", "fp32-tf32", "fp32-highest"):
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        q, k, v, rh, rw, do = make(b, side, dtype)
+        impls = {}
+        fwd, bwd, both = ours_fns(q, k, v, rh, rw, do, scale)
+        impls["ours"] = both
+        t_f, t_b = graph_bench(fwd), graph_bench(bwd)
+        if not skip_baselines:
+            impls["sdpa-mem-eff"] = sdpa_fn(q, k, v, rh, rw, do, scale, side)
+            impls["flex"] = flex_fn(q, k, v, rh, rw, do, scale, side)
+        for name, fn in impls.items():
+            try:
+                fn()
+                eager = bench(fn)
+                mem = peak_mem(fn)
+                try:
+                    ms = graph_bench(fn)
+                except Exception as e:  # not capturable: report eager
+                    print(f"{name}: graph capture failed ({type(e).__name__}); using eager", flush=True)
+                    torch.cuda.synchronize()
+                    ms = eager
+                row = dict(mode=mode, impl=name, ms=ms, eager_ms=eager, peak_gb=mem / 1e9,
+                           tflops=(f_fwd + f_bwd) / ms / 1e9)
+                if name == "ours":
+                    row.update(fwd_ms=t_f, bwd_ms=t_b, fwd_tflops=f_fwd / t_f / 1e9, bwd_tflops=f_bwd / t_b / 1e9)
+            except Exception as e:  # a baseline that cannot run is reported, not fatal
+                row = dict(mode=mode, impl=name, error=f"{type(e).__name__}: {str(e)[:200]}")
+            print(row, flush=True)
+            rows.append(row)
+        del impls, fwd, bwd, both
+        torch.cuda.empty_cache()
+    results["sam_b_global"] = rows
+    return rows
+
+
+def sol_shapes(results):
+    rows = []
+    scale = D ** -0.5
+    for mode in ("fp32-tf32", "fp32-medium"):
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        for side, batch in SOL:
+            b = batch * HEADS
+            q, k, v, rh, rw, do = make(b, side, dtype)
+            fwd, bwd, both = ours_fns(q, k, v, rh, rw, do, scale)
+            ms = graph_bench(both)
+            f = sum(flops(b, side * side, D))
+            rows.append(dict(mode=mode, grid=side, batch=batch, ms=ms, tflops=f / ms / 1e9))
+            print(rows[-1], flush=True)
+    results["sol_076"] = rows
+    return rows
+
+
+def sweep(results):
+    """Time alternative block configs on the SAM-B global shape, one kernel's config varied at a time."""
+    side, b = 64, HEADS
+    scale = D ** -0.5
+    saved = (K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32)
+    cands = {
+        "fwd": [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
+                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
+                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)],
+        "dkdv": [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+                 dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4),
+                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)],
+        "dq": [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+               dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+               dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+               dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4)],
+    }
+    rows = []
+    for mode in ("bf16", "fp32-tf32"):
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        q, k, v, rh, rw, do = make(b, side, dtype)
+        for kern, lst in cands.items():
+            for c in lst:
+                K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32 = dict(saved[0]), dict(saved[1]), {}
+                K.CONFIG[kern] = K.CONFIG_FP32[kern] = dict(c)
+                fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, scale)
+                try:
+                    ms = graph_bench(fwd if kern == "fwd" else bwd)
+                    row = dict(mode=mode, kernel=kern, cfg=c, ms=ms)
+                except Exception as e:
+                    row = dict(mode=mode, kernel=kern, cfg=c, error=f"{type(e).__name__}: {str(e)[:160]}")
+                print(row, flush=True)
+                rows.append(row)
+    K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32 = saved
+    results["sweep"] = rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--skip-sol", action="store_true")
+    args = ap.parse_args()
+    results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                   config=dict(bf16=K.CONFIG, fp32=K.CONFIG_FP32, tf32=K.CONFIG_TF32), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+    path = os.path.join(args.out, "bench_attention_core.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+    q, k, v, rh, rw, do = make(HEADS, 7, torch.bfloat16)
+    f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
+    results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
+    print("host time per call (us), tiny shape:", results["host_us"], flush=True)
+    if args.sweep:
+        sweep(results)
+        save()
+    rows = sam_b_global(results, args.skip_baselines)
+    save()
+    sol = [] if args.skip_sol else sol_shapes(results)
+    save()
+
+    print(f"\n{results['gpu']}  torch {results['torch']}  triton {results['triton']}")
+    print("SAM-B global layer (12 heads, 64x64, D=64), fwd+bwd, do_bench median:")
+    print("ms = CUDA-graph replay (GPU time); eager = plain calls (adds Python launch overhead)")
+    print(f"{'mode':<13}{'impl':<14}{'ms':>8}{'eager':>8}{'peak GB':>9}{'TFLOP/s':>9}{'fwd ms':>8}{'bwd ms':>8}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:<13}{r['impl']:<14} ERROR {r['error'][:60]}")
+            continue
+        extra = f"{r['fwd_ms']:>8.3f}{r['bwd_ms']:>8.3f}" if "fwd_ms" in r else ""
+        print(f"{r['mode']:<13}{r['impl']:<14}{r['ms']:>8.3f}{r['eager_ms']:>8.3f}{r['peak_gb']:>9.3f}"
+              f"{r['tflops']:>9.1f}{extra}")
+    for mode in ("fp32-tf32", "fp32-medium"):
+        ms = [r["ms"] for r in sol if r["mode"] == mode]
+        if ms:
+            print(f"SOL-076 attention core, ours, {mode}: mean {sum(ms) / len(ms) * 1e3:.1f} us over {len(ms)} "
+                  f"workloads; (64,64,4) {[r['ms'] for r in sol if r['mode'] == mode and r['grid'] == 64][0]:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
