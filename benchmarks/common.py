@@ -1,0 +1,320 @@
+"""Shared helpers for the benchmark scripts (sol_execbench_076.py, train_step.py).
+
+What lives here, once:
+  * environment/version info for the JSON header (`env_info`);
+  * the cold-L2 flush (`L2Flusher`): before each timed call write a buffer of 2x the GPU's L2 size, then
+    synchronize, so every call starts from an idle GPU with nothing useful in L2;
+  * the kernel-span measurement (`kernel_spans`): one torch.profiler (CUPTI) session over many calls; each
+    call is bracketed on the GPU stream by two tiny marker kernels (`torch.cuda._sleep`, kernel name
+    `spin_kernel`, which no implementation launches), so the GPU records of call i are exactly those
+    between its two markers.  The flush runs before the opening marker, so it is never inside a span.
+    span = last end - first start of those records (kernels, memcpy and memset);
+  * wall time per call from CUDA events (`wall_times`), or perf_counter on CPU;
+  * the time budget (`Budget`), JSON writing/merging (`write_json`, `load_rows`), and a plain-text table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+MARKER_NAME = "spin_kernel"  # torch.cuda._sleep's kernel: our call separator in profiler traces
+DONE_STATUSES = ("PASS", "FAIL", "ERROR", "OK")  # rows that --resume treats as done
+
+
+def log(msg: str, t0: float | None = None) -> None:
+    """Progress line, flushed at once (the GPU window's output is read as it streams)."""
+    prefix = f"[{time.perf_counter() - t0:7.1f}s] " if t0 is not None else ""
+    print(prefix + msg, flush=True)
+
+
+def env_info() -> dict:
+    """GPU name and library versions for the JSON header."""
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": "cpu",
+    }
+    for mod in ("triton", "transformers"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # not installed: say so rather than fail
+            info[mod] = None
+    try:
+        from importlib.metadata import version
+
+        info["samhq_fx"] = version("samhq-fx")
+    except Exception:
+        info["samhq_fx"] = None
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        info["git"] = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or None
+    except Exception:
+        info["git"] = None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(device=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1),
+                    l2_cache_bytes=getattr(p, "L2_cache_size", None), sm_count=p.multi_processor_count)
+    return info
+
+
+def set_precision(precision: str) -> None:
+    """float32 matmul precision: 'highest' (true fp32), 'high' (TF32), 'medium' (may use bf16)."""
+    torch.set_float32_matmul_precision(precision)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class L2Flusher:
+    """Evicts L2 by writing a buffer twice its size; no-op on CPU.  H200 L2 is 60 MB, read from the device."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.buf = None
+        self.nbytes = 0
+        if device.type == "cuda" and enabled:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 60 * 2**20
+            self.nbytes = 2 * l2
+            self.buf = torch.empty(self.nbytes, dtype=torch.int8, device=device)
+
+    def __call__(self) -> None:
+        if self.buf is not None:
+            self.buf.zero_()
+
+
+def marker() -> None:
+    # ~1 us spin kernel, a unique name in the trace that separates calls.
+    torch.cuda._sleep(1)
+
+
+def median(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def wall_times(call: Callable[[int], object], iters: int, device: torch.device,
+               flush: Callable[[], None] | None = None, before: Callable[[], None] | None = None) -> list[float]:
+    """Per-call wall time in microseconds.  call(i) runs call number i (it picks its own input set).
+
+    CUDA: flush L2, synchronize (idle GPU), then CUDA events recorded right before and after the call, so
+    the flush is outside and CPU launch gaps inside.  CPU: perf_counter around the call.
+    """
+    out = []
+    if device.type != "cuda":
+        for i in range(iters):
+            if before:
+                before()
+            t = time.perf_counter()
+            call(i)
+            out.append((time.perf_counter() - t) * 1e6)
+        return out
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (start, end) in enumerate(events):
+        if flush:
+            flush()
+        torch.cuda.synchronize(device)
+        if before:
+            before()
+        start.record()
+        call(i)
+        end.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) * 1e3 for s, e in events]
+
+
+def _ns(e, what: str) -> float:
+    """Kineto event time in ns across torch versions (start_ns/end_ns, else start_us/duration_us)."""
+    if what == "start":
+        return e.start_ns() if hasattr(e, "start_ns") else e.start_us() * 1e3
+    if hasattr(e, "end_ns"):
+        return e.end_ns()
+    if hasattr(e, "duration_ns"):
+        return e.start_ns() + e.duration_ns()
+    return (e.start_us() + e.duration_us()) * 1e3
+
+
+def gpu_records(prof) -> list[tuple[str, float, float]]:
+    """(name, start_us, end_us) of every GPU activity record (kernel/memcpy/memset) of a finished profile,
+    sorted by start.  Reads the raw Kineto events (no FunctionEvent tree building, which is slow)."""
+    recs = []
+    cuda_t = torch.autograd.DeviceType.CUDA
+    kineto = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if kineto is not None:
+        for e in kineto.events():
+            if e.device_type() == cuda_t and not getattr(e, "is_user_annotation", lambda: False)():
+                recs.append((e.name(), _ns(e, "start") / 1e3, _ns(e, "end") / 1e3))
+    else:  # other builds: the parsed FunctionEvents carry the same records
+        for e in prof.events():
+            if e.device_type == cuda_t and not getattr(e, "is_user_annotation", False):
+                recs.append((e.name, e.time_range.start, e.time_range.end))
+    recs.sort(key=lambda r: r[1])
+    return recs
+
+
+def split_calls(recs: list[tuple[str, float, float]], iters: int):
+    """Cut a sorted record list at the marker kernels: call i lies between markers 2i and 2i+1 (each call is
+    bracketed by its own pair, so the next call's flush falls between pairs).  Returns (spans_us, kernels),
+    one entry per call.  CUPTI can drop the first records of a session; then markers are paired from the end
+    (a dropped prefix leaves the later calls intact) and the calls without both markers get None."""
+    cuts = [k for k, r in enumerate(recs) if MARKER_NAME in r[0]]
+    if len(cuts) != 2 * iters:
+        log(f"    warning: expected {2 * iters} marker kernels in the trace, found {len(cuts)}"
+            + ("; pairing from the end" if cuts else "; no spans"))
+    cuts = cuts[len(cuts) % 2:][-2 * iters:]  # an odd count: the first survivor is an orphan end marker
+    missing = iters - len(cuts) // 2
+    spans: list[float | None] = [None] * missing
+    kernels: list[list[tuple[str, float]]] = [[] for _ in range(missing)]
+    for a, b in zip(cuts[0::2], cuts[1::2]):
+        inside = recs[a + 1:b]
+        spans.append(max(r[2] for r in inside) - min(r[1] for r in inside) if inside else None)
+        kernels.append([(r[0], r[2] - r[1]) for r in inside])
+    return spans, kernels
+
+
+def kernel_spans(call: Callable[[int], object], iters: int, device: torch.device,
+                 flush: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
+                 ) -> tuple[list[float | None], list[list[tuple[str, float]]]]:
+    """Per-call GPU span (us) from CUPTI records, and the per-call kernel list [(name, duration_us)].
+
+    GPU stream per call:  [flush] sync [marker] <call's kernels> [marker] sync.  A span is the first start to
+    the last end of the records between the call's two markers.  Returns ([], []) on CPU.
+    """
+    if device.type != "cuda":
+        return [], []
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            if flush:
+                flush()
+            torch.cuda.synchronize(device)
+            if before:
+                before()
+            marker()
+            call(i)
+            marker()  # stream-ordered after the call's last kernel, including the autograd backward's
+            torch.cuda.synchronize(device)
+    return split_calls(gpu_records(prof), iters)
+
+
+def check_profiler(device: torch.device) -> bool:
+    """Start CUPTI once before any CUDA graph is captured (a profiler first attached after capture can break
+    replays), and verify that the marker scheme sees kernels.  Runs a small non-empty session."""
+    if device.type != "cuda":
+        return False
+    x = torch.ones(1024, device=device)
+    spans, _ = kernel_spans(lambda i: x.add_(1), 2, device)
+    ok = len(spans) == 2 and all(s is not None for s in spans)
+    if not ok:
+        log("warning: profiler self-test saw no kernels; spans will be missing (wall times still reported)")
+    return ok
+
+
+class Budget:
+    """Wall-clock budget for the whole run.  fits(kind) says whether a unit of work of that kind can still
+    start and end in time; its estimate is the longest observed duration of that kind (a prior before)."""
+
+    def __init__(self, seconds: float | None, priors: dict[str, float] | None = None):
+        self.t0 = time.perf_counter()
+        self.seconds = seconds
+        self.est: dict[str, float] = dict(priors or {})
+        self.seen: set[str] = set()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def fits(self, kind: str) -> bool:
+        if not self.seconds:
+            return True
+        return self.elapsed() + self.est.get(kind, 0.0) <= self.seconds
+
+    def record(self, kind: str, seconds: float) -> None:
+        # the first measurement replaces the prior; later ones only raise it (bigger shapes compile longer)
+        self.est[kind] = max(seconds, self.est[kind]) if kind in self.seen else seconds
+        self.seen.add(kind)
+
+
+def load_rows(path: str | None) -> list[dict]:
+    """Rows of an earlier results JSON (for --resume); [] if none."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f).get("results", [])
+
+
+def write_json(path: str, payload: dict) -> None:
+    """Write atomically, so a run killed mid-write leaves the previous complete file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def fmt(x, spec: str = ".1f", none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    print(line)
+    print("-" * len(line))
+    for r in rows:
+        print("  ".join(c.rjust(w) if c[:1].isdigit() or c[:1] == "-" else c.ljust(w) for c, w in zip(r, widths)))
+    sys.stdout.flush()
+
+
+def samhq_fused_count() -> int:
+    """Attention subgraphs the samhq backend rewrote since the last reset (missing counter -> 0)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["samhq"].get("fused", 0))
+    except Exception:
+        return 0
+
+
+def reset_compile_state() -> None:
+    """Fresh dynamo state per cell: every cell compiles the same Python function, and dynamo's per-code
+    cache (recompile limit 8) would otherwise fill up and silently fall back to eager.  Also clears
+    cudagraph trees and the samhq counter."""
+    import gc
+
+    torch._dynamo.reset()
+    try:
+        from torch._dynamo.utils import counters
+
+        counters["samhq"].clear()
+    except Exception:
+        pass
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def samhq_available() -> bool:
+    """True when `backend="samhq"` resolves (entry point registered and importable)."""
+    try:
+        from torch._dynamo.backends.registry import lookup_backend
+
+        lookup_backend("samhq")
+        return True
+    except Exception:
+        return False

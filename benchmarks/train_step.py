@@ -1,0 +1,316 @@
+"""Training-step benchmark: HF SamHQVisionModel ViT-B at 1024x1024, forward + backward, per implementation.
+
+Model: transformers' SamHQVisionModel with SamHQVisionConfig() defaults (ViT-B: hidden 768, 12 layers, 12 heads,
+window 14, global attention in layers 2/5/8/11, image 1024, patch 16), randomly initialised (seed 0,
+initializer_range 0.02 instead of the config's 1e-10 so activations are not ~0).  The attention implementation
+is chosen at construction with SamHQVisionModel._from_config(config, attn_implementation=...), which works on
+transformers 5.17 and 5.24 (the layers pick their attention class when they are built), and is verified on the
+built model.
+
+One step = model.zero_grad(set_to_none=True) (untimed), then forward on pixel_values [B,3,1024,1024] and
+loss = (out.last_hidden_state.float() * probe).mean() with a fixed random probe of the output's shape
+[B,256,64,64], loss.backward().  No optimizer step.  (A fixed random projection rather than .pow(2).mean():
+the vision neck ends in a LayerNorm, so the mean square of its output is ~1 whatever the model computes,
+and its gradient ~0, which would make the loss useless as a sanity check.)
+Implementations (attention implementation of the HF model / compiler):
+  eager-sdpa       "sdpa"  / none        SDPA with the dense rel-pos bias as attn_mask (HF default)
+  eager-eager      "eager" / none        explicit softmax
+  inductor         "sdpa"  / torch.compile(model)               (default mode)
+  inductor-eager   "eager" / torch.compile(model)               (not in the default set)
+  samhq-eager      "eager" / torch.compile(model, backend="samhq")
+  samhq-sdpa       "sdpa"  / torch.compile(model, backend="samhq")
+Precision: "tf32" = fp32 with torch.set_float32_matmul_precision("high"); "bf16" = the same plus
+torch.autocast(bfloat16) around the forward.  Every compile is dynamic=False, fresh per cell.
+
+Measurements per (dtype, batch, impl) cell:
+  ms/step   median over --steps steps after --warmup warm-up steps (the first compiles), CUDA events around the
+            step (no L2 flush: a step is ~100 ms, far beyond what L2 state can change);
+  peak MiB  torch.cuda.max_memory_allocated() over the warm-up (after the first step) and timed steps, absolute
+            (parameters, gradients and activations together);
+  attention share  one more step under torch.profiler (CUPTI): sum of GPU kernel durations whose names look like
+            attention / total GPU kernel time of the step.  "Look like attention" = name matches ATTN_PATTERN
+            (flash, fmha, attention, attn, softmax, sdpa, rel_pos, samhq, flex) or starts with the name of a Triton
+            kernel of samhq_fx.kernels.rel_pos_attention.  A heuristic: it catches fused attention kernels and the
+            softmax of the explicit path, not the explicit path's Q@K^T / P@V GEMMs or the rel-pos bias
+            elementwise kernels, so for eager-eager / inductor-eager it is a lower bound;
+  loss, rel_pos_grad_norm  of the first step (the norm of all rel_pos_h/rel_pos_w gradients, which flow only
+            through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
+            batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
+            tf32, 1e-1 in bf16).
+
+  python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 5 impls, 480 s budget
+  python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
+  python benchmarks/train_step.py --quick                 # CPU smoke test (tiny model), used in CI
+Writes <out>/train_step.json after every cell, <out>/train_step.png (if matplotlib), and a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+
+IMPLS = {  # name: (HF attn_implementation, torch.compile backend or None)
+    "eager-sdpa": ("sdpa", None),
+    "eager-eager": ("eager", None),
+    "inductor": ("sdpa", "inductor"),
+    "inductor-eager": ("eager", "inductor"),
+    "samhq-eager": ("eager", "samhq"),
+    "samhq-sdpa": ("sdpa", "samhq"),
+}
+DEFAULT_IMPLS = ("eager-sdpa", "eager-eager", "inductor", "samhq-eager", "samhq-sdpa")
+QUICK_IMPLS = ("eager-eager", "samhq-eager")
+DTYPES = ("tf32", "bf16")
+# Tiny model for the CPU smoke test: 8x8 patch grid, window 2, one global layer.
+QUICK_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=4,
+                    window_size=2, global_attn_indexes=(1,), output_channels=16)
+ATTN_PATTERN = r"flash|fmha|attention|attn|softmax|sdpa|rel_pos|samhq|flex"
+LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1}  # relative, vs eager: catches wrong math, not rounding
+PRIORS = {"eager-sdpa": 10, "eager-eager": 10, "inductor": 120, "inductor-eager": 120, "samhq-eager": 120,
+          "samhq-sdpa": 120}
+RESULTS_NAME = "train_step.json"
+
+
+def attention_regex() -> re.Pattern:
+    """ATTN_PATTERN plus the samhq Triton kernels' names (read from the module, so renames follow)."""
+    names = []
+    try:
+        import samhq_fx.kernels.rel_pos_attention as k
+
+        names = [n for n, v in vars(k).items() if type(v).__module__.startswith("triton") and hasattr(v, "run")]
+    except Exception:
+        pass
+    return re.compile("|".join([ATTN_PATTERN] + ["^" + re.escape(n) for n in names]), re.IGNORECASE)
+
+
+def build_model(attn: str, quick: bool, device: torch.device):
+    from transformers import SamHQVisionConfig, SamHQVisionModel
+
+    cfg = SamHQVisionConfig(**QUICK_CONFIG) if quick else SamHQVisionConfig()
+    cfg.initializer_range = 0.02
+    torch.manual_seed(0)
+    model = SamHQVisionModel._from_config(cfg, attn_implementation=attn)
+    got = type(model.vision_encoder.layers[0].attn).__name__
+    if ("Sdpa" in got) != (attn == "sdpa"):
+        raise RuntimeError(f"asked for attn_implementation={attn!r}, got {got}")
+    return model.to(device).train(), cfg
+
+
+def run_cell(impl: str, batch: int, dtype: str, args, device, attn_re) -> dict:
+    attn, backend = IMPLS[impl]
+    row = {"impl": impl, "attn_implementation": attn, "compiler": backend or "none", "batch": batch, "dtype": dtype,
+           "status": None, "detail": "", "ms_per_step": None, "peak_mib": None, "compile_s": None,
+           "attn_share": None, "step_span_ms": None, "loss": None, "fused": None}
+    cuda = device.type == "cuda"
+    common.reset_compile_state()
+    common.set_precision("high")
+    model = fn = None
+    try:
+        model, cfg = build_model(attn, args.quick, device)
+        fn = torch.compile(model, backend=backend, dynamic=False) if backend else model
+        x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(batch))
+        x = x.to(device)
+        g = cfg.image_size // cfg.patch_size
+        probe = torch.randn(batch, cfg.output_channels, g, g, generator=torch.Generator().manual_seed(7)).to(device)
+        autocast = dtype == "bf16"
+
+        def step(_i=0):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                out = fn(pixel_values=x)
+            loss = (out.last_hidden_state.float() * probe).mean()
+            loss.backward()
+            return loss
+
+        def zero():
+            model.zero_grad(set_to_none=True)
+
+        tc = time.perf_counter()
+        zero()
+        row["loss"] = step().detach().item()  # first step: compiles; .item() synchronizes
+        row["compile_s"] = round(time.perf_counter() - tc, 3)
+        # the rel-pos tables get gradient only through attention: a sharp check of the attention backward
+        row["rel_pos_grad_norm"] = torch.stack([p.grad.float().norm() for n, p in model.named_parameters()
+                                                if "rel_pos" in n and p.grad is not None]).norm().item()
+        if backend == "samhq":
+            row["fused"] = common.samhq_fused_count()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        for i in range(1, args.warmup):
+            zero()
+            step()
+        common.sync(device)
+        times = common.wall_times(step, args.steps, device, flush=None, before=zero)
+        row["ms_per_step"] = common.median(times) / 1e3
+        row["ms_all"] = [round(t / 1e3, 3) for t in times]
+        if cuda:
+            row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        if cuda and args.profile:
+            spans, kernels = common.kernel_spans(step, 1, device, flush=None, before=zero)
+            ks = kernels[0] if kernels else []
+            total = sum(d for _, d in ks)
+            hits: dict[str, float] = {}
+            for name, d in ks:
+                if attn_re.search(name):
+                    hits[name[:120]] = hits.get(name[:120], 0.0) + d
+            if total:
+                row["attn_share"] = round(sum(hits.values()) / total, 4)
+                row["gpu_kernel_ms"] = round(total / 1e3, 3)
+                row["attn_kernels"] = sorted(([n, round(d / 1e3, 3)] for n, d in hits.items()), key=lambda t: -t[1])[:8]
+            if spans and spans[0] is not None:
+                row["step_span_ms"] = round(spans[0] / 1e3, 3)
+        row["status"] = "OK"
+    except Exception as e:  # compile errors, OOM, ...: record and go on
+        row["status"] = "ERROR"
+        row["detail"] = f"{type(e).__name__}: {e}"[:2000]
+        common.log("    " + "\n    ".join(traceback.format_exc().strip().splitlines()[-6:]))
+    finally:
+        del model, fn
+        common.reset_compile_state()
+    return row
+
+
+def check_losses(rows: list[dict]) -> None:
+    """Relative differences of the first step's loss and rel-pos gradient norm from eager-eager's (else
+    eager-sdpa's) of the same (batch, dtype); a large difference turns OK into FAIL."""
+    for r in rows:
+        same = [q for q in rows if q["batch"] == r["batch"] and q["dtype"] == r["dtype"] and q.get("loss") is not None]
+        ref = next((q for name in ("eager-eager", "eager-sdpa") for q in same if q["impl"] == name), None)
+        if r.get("loss") is None or ref is None:
+            continue
+        for key, out in (("loss", "loss_rel_diff"), ("rel_pos_grad_norm", "grad_rel_diff")):
+            if r.get(key) is None or ref.get(key) is None:
+                continue
+            r[out] = abs(r[key] - ref[key]) / max(abs(ref[key]), 1e-30)
+            if r["status"] == "OK" and r[out] > LOSS_TOL[r["dtype"]]:
+                r["status"], r["detail"] = "FAIL", f"{key} {r[key]:.6g} vs {ref['impl']} {ref[key]:.6g}"
+
+
+def print_report(rows: list[dict]) -> None:
+    order = list(IMPLS)
+    rows = sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
+    print()
+    common.print_table(
+        ["dtype", "batch", "impl", "ms/step", "peak_MiB", "attn_share", "compile_s", "loss_rel", "grad_rel", "fused",
+         "status", "detail"],
+        [[r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"), common.fmt(r.get("peak_mib")),
+          common.fmt(None if r.get("attn_share") is None else 100 * r["attn_share"], ".1f") +
+          ("%" if r.get("attn_share") is not None else ""), common.fmt(r.get("compile_s")),
+          common.fmt(r.get("loss_rel_diff"), ".1e"), common.fmt(r.get("grad_rel_diff"), ".1e"),
+          common.fmt(r.get("fused"), "d"), r["status"],
+          (r.get("detail") or "")[:70]] for r in rows])
+    sys.stdout.flush()
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--impls", default=None, help=f"comma list from {', '.join(IMPLS)} "
+                    f"(default: {','.join(DEFAULT_IMPLS)}; 'all' = every one)")
+    ap.add_argument("--batch", default="1,4", help="comma list of batch sizes (default 1,4)")
+    ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per cell")
+    ap.add_argument("--warmup", type=int, default=3, help="warm-up steps per cell, the first (compiling) one included")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
+                    help="results directory (train_step.json, train_step.png)")
+    ap.add_argument("--resume", default=None, help="earlier train_step.json: keep its finished cells, run the rest")
+    ap.add_argument("--time-budget", type=float, default=480.0,
+                    help="seconds; cells that would not finish in time are skipped (use --resume). 0 = none")
+    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the attention-share profile")
+    ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write the PNG chart")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU smoke test: tiny config, batch 1, tf32, eager-eager + samhq-eager, 1 warm-up + 1 step")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
+        args.impls = args.impls or ",".join(QUICK_IMPLS)
+    spec = args.impls or ",".join(DEFAULT_IMPLS)
+    args.impls = tuple(IMPLS) if spec == "all" else tuple(s.strip() for s in spec.split(",") if s.strip())
+    bad = [i for i in args.impls if i not in IMPLS] + [d for d in args.dtype.split(",") if d not in DTYPES]
+    if bad:
+        raise SystemExit(f"unknown {bad}; impls: {', '.join(IMPLS)}; dtypes: {', '.join(DTYPES)}")
+    args.batch = tuple(int(b) for b in args.batch.split(","))
+    args.dtype = tuple(args.dtype.split(","))
+    args.warmup, args.steps = max(1, args.warmup), max(1, args.steps)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    budget = common.Budget(args.time_budget, PRIORS)
+    t0 = budget.t0
+    env = common.env_info()
+    common.log(f"train_step on {env['device']}: torch {env['torch']}, transformers {env['transformers']}; "
+               f"impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
+               f"samhq backend registered: {common.samhq_available()}", t0)
+    if device.type == "cuda" and args.profile:
+        common.check_profiler(device)
+    attn_re = attention_regex()
+    done = {(r["impl"], r["batch"], r["dtype"]): r for r in common.load_rows(args.resume)
+            if r.get("status") in common.DONE_STATUSES}
+    rows = list(done.values())
+    skipped: list[dict] = []
+    path = os.path.join(args.out, RESULTS_NAME)
+    method = __doc__[__doc__.index("One step ="):__doc__.index("  python benchmarks")].strip()
+    config = {"steps": args.steps, "warmup": args.warmup, "quick": args.quick, "profile": args.profile,
+              "attention_regex": attn_re.pattern, "model_config": QUICK_CONFIG if args.quick else "SamHQVisionConfig()"}
+
+    def save():
+        check_losses(rows)
+        payload = {"benchmark": "SamHQVisionModel ViT-B training step", "env": env, "method": method,
+                   "config": config, "results": rows, "skipped": skipped}
+        common.write_json(path, payload)
+        return payload
+
+    for dtype in args.dtype:
+        if dtype == "bf16" and device.type == "cpu":
+            common.log("bf16 autocast on CPU is not benchmarked; skipping", t0)
+            continue
+        for batch in args.batch:
+            for impl in args.impls:
+                if (impl, batch, dtype) in done:
+                    continue
+                if not budget.fits(impl):
+                    skipped.append({"impl": impl, "batch": batch, "dtype": dtype})
+                    continue
+                tcell = time.perf_counter()
+                row = run_cell(impl, batch, dtype, args, device, attn_re)
+                row["cell_s"] = round(time.perf_counter() - tcell, 2)
+                budget.record(impl, row["cell_s"])
+                rows.append(row)
+                save()
+                common.log(f"{dtype} B={batch} {impl:15s} {row['status']:5s} "
+                           f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
+                           f"peak {common.fmt(row['peak_mib']):>8s} MiB  "
+                           f"attn {common.fmt(None if row['attn_share'] is None else 100 * row['attn_share'])}%  "
+                           f"compile {common.fmt(row['compile_s'])} s"
+                           + (f"  fused {row['fused']}" if row.get("fused") is not None else "")
+                           + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
+
+    payload = save()
+    if args.chart:
+        import plot
+
+        for msg in plot.train_chart(payload, args.out):
+            common.log(msg, t0)
+    print_report(rows)
+    print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
+    if skipped:
+        print(f"resume with: python {os.path.relpath(__file__)} --resume {path} --out {args.out} --impls {','.join(args.impls)} "
+              f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)}", flush=True)
+    common.log(f"wrote {path}", t0)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""CPU smoke tests of the benchmark scripts (benchmarks/), run in CI.
+
+The scripts are imported and their main(argv) called in this process (one torch import, one Inductor warm-up
+for all tests).  --quick mode: CPU, tiny shapes, one call, no profiler / L2 flush, wall time only.  Also unit
+tests of the pieces that only run on the GPU but can be checked without one (splitting a profiler trace into
+calls) and of the extra layers the runner adds (SDPA and FlexAttention variants of the sol076 layer).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import common  # noqa: E402
+import plot  # noqa: E402
+import sol076  # noqa: E402
+import sol_execbench_076 as bench  # noqa: E402
+
+HAVE_SAMHQ = common.samhq_available()
+
+
+def _rows(payload, **match):
+    return [r for r in payload["results"] if all(r.get(k) == v for k, v in match.items())]
+
+
+# ------------------------------------------------------------------------------------------- pure helpers
+def test_split_calls_excludes_flush_and_measures_span():
+    M = "at::cuda::(anonymous namespace)::spin_kernel(long)"
+    recs = [("fill_flush", 0, 50), (M, 51, 52), ("k1", 60, 70), ("k2", 75, 100), (M, 101, 102),  # call 0: 40 us
+            ("fill_flush", 110, 160), (M, 161, 162), ("k1", 170, 175), (M, 176, 177)]        # call 1: 5 us
+    spans, kernels = common.split_calls(recs, 2)
+    assert spans == [40, 5]
+    assert [n for n, _ in kernels[0]] == ["k1", "k2"]
+    assert [n for n, _ in kernels[1]] == ["k1"]  # the flush between the calls belongs to neither
+    # CUPTI dropping the first records of a session: the calls still bracketed by both markers keep their span
+    assert common.split_calls(recs[2:], 2)[0] == [None, 5]
+    assert common.split_calls(recs[5:], 2)[0] == [None, 5]
+    assert common.split_calls([], 2) == ([None, None], [[], []])
+
+
+def test_sdpa_and_flex_layers_match_reference():
+    args = sol076.make_inputs(4, 6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ref = sol076.layer_backward(*args)
+    got = sol076.layer_backward(*args, layer=bench.sdpa_layer)
+    ok, why = sol076.check(got, ref, atol=1e-5, rtol=1e-5)
+    assert ok, why
+    # FlexAttention has no CPU backward; its forward (eager, unfused) checks the score_mod indexing
+    inputs = [t.detach() for t in args[1:]]
+    torch.testing.assert_close(bench.flex_layer(*inputs), sol076.attention_layer(*inputs), rtol=1e-6, atol=1e-6)
+
+
+def test_parse_args():
+    a = bench.parse_args(["--workloads", "64x64x4,7x7x1", "--impls", "fast", "--precision", "all"])
+    assert list(a.workloads) == [(64, 64, 4), (7, 7, 1)]
+    assert "inductor-max-autotune" not in a.impls and len(a.impls) == len(bench.IMPLS) - 1
+    assert a.precision == ("highest", "high", "medium")
+    assert bench.parse_args([]).precision == ("high",)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--workloads", "5x5x5"])
+
+
+# ------------------------------------------------------------------------------------------- sol076 runner
+def test_sol076_budget_and_resume(tmp_path, capsys):
+    # eager only: fast.  A zero-ish budget skips everything but still writes the JSON.
+    p = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path), "--time-budget", "1e-9"])
+    assert p["results"] == [] and len(p["skipped"]) == 1
+    p = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path)])
+    (row,) = p["results"]
+    assert row["status"] == "PASS" and row["wall_us"] > 0
+    # resuming from that file runs nothing new and keeps the row
+    path = str(tmp_path / bench.RESULTS_NAME)
+    p2 = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path), "--resume", path])
+    assert p2["results"] == [row] and p2["skipped"] == []
+    # plot.py re-reads and merges results files; without matplotlib it says so instead of failing
+    plot.main([path, path])
+    out = capsys.readouterr().out
+    assert "7x7x1" in out and ("matplotlib not importable" in out or "wrote" in out)
+
+
+def test_sol076_quick(tmp_path, capsys):
+    """The CI smoke run: 7x7x1 with eager, inductor and samhq on CPU; every row checked against fp64."""
+    p = bench.main(["--quick", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    on_disk = json.loads((tmp_path / bench.RESULTS_NAME).read_text())
+    assert on_disk["results"] == json.loads(json.dumps(p["results"], default=str))
+    assert on_disk["env"]["torch"] == torch.__version__ and "method" in on_disk
+    impls = {r["impl"]: r for r in p["results"]}
+    assert set(impls) == {"eager", "inductor", "samhq"}
+    for name in ("eager", "inductor"):
+        assert impls[name]["status"] == "PASS", impls[name]["detail"]
+        assert impls[name]["wall_us"] > 0
+        assert (impls[name]["span_us"] is None) == (not torch.cuda.is_available())  # no profiler on CPU
+    if HAVE_SAMHQ:
+        assert impls["samhq"]["status"] == "PASS", impls["samhq"]["detail"]
+        assert impls["samhq"]["fused"] >= 1
+    else:  # backend not registered: recorded as an error, the run still completes
+        assert impls["samhq"]["status"] == "ERROR"
+    assert p["summary"]["high"]["eager"]["n_pass"] == 1
+    assert "suite" in out and "samhq fused attention blocks" in out
+
+
+# ------------------------------------------------------------------------------------------- train step
+@pytest.mark.slow
+def test_train_step_quick(tmp_path):
+    import train_step
+
+    pytest.importorskip("transformers")
+    p = train_step.main(["--quick", "--out", str(tmp_path)])
+    assert (tmp_path / train_step.RESULTS_NAME).exists()
+    impls = {r["impl"]: r for r in p["results"]}
+    assert set(impls) == {"eager-eager", "samhq-eager"}
+    assert impls["eager-eager"]["status"] == "OK", impls["eager-eager"]["detail"]
+    assert impls["eager-eager"]["ms_per_step"] > 0
+    if HAVE_SAMHQ:
+        r = impls["samhq-eager"]
+        assert r["status"] == "OK", r["detail"]
+        assert r["fused"] >= 1  # the tiny model has a windowed and a global attention layer
+        assert r["loss_rel_diff"] < 1e-3 and r["grad_rel_diff"] < 1e-3
+    else:
+        assert impls["samhq-eager"]["status"] == "ERROR"
+
+
+def test_train_step_attention_class_selection():
+    """attn_implementation is honoured at construction (transformers 5.x): eager vs SDPA attention modules."""
+    pytest.importorskip("transformers")
+    import train_step
+
+    for attn, cls in (("eager", "SamHQVisionAttention"), ("sdpa", "SamHQVisionSdpaAttention")):
+        model, _ = train_step.build_model(attn, quick=True, device=torch.device("cpu"))
+        assert type(model.vision_encoder.layers[0].attn).__name__ == cls
