@@ -21,7 +21,7 @@ from torch.fx import Graph, Node
 
 from . import op as _op  # noqa: F401  (registers torch.ops.samhq.*)
 from .patterns.fx_utils import is_static, shape, value
-from .patterns.rel_pos_attention import Candidate, Match, RelTerm, find_candidates
+from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
 
 log = logging.getLogger("samhq_fx")
@@ -153,7 +153,7 @@ class RelPosAttentionPass(CustomGraphPass):
     def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None):
         self.min_seq_len = int(min_seq_len)
         self.dump_dir = dump_dir
-        self.last_candidates: list[Candidate] = []
+        # Only plain data here: Inductor deep-copies its config, this pass included (torch 2.11).
         self._done: set[int] = set()
 
     def __call__(self, graph: Graph) -> None:
@@ -168,7 +168,6 @@ class RelPosAttentionPass(CustomGraphPass):
             if cand.match is not None:
                 apply_match(graph, cand.match)
         graph.lint()
-        self.last_candidates = candidates
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
         counters["samhq"]["skipped"] += len(candidates) - fused

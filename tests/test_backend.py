@@ -215,3 +215,13 @@ def test_sol076_layer_all_seven_gradients_against_float64():
     for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
         assert rel_err(g, r) < 1e-5, name
     assert sol076.check(got, ref, atol=sol076.WORKLOADS[(7, 7, 1)]) == (True, "ok")
+
+
+def test_pass_survives_deepcopy_after_running():
+    # Inductor deep-copies its config (the pass included) after the backend has run the pass.
+    import copy
+
+    p = RelPosAttentionPass()
+    gm = torch.fx.symbolic_trace(lambda x: x.softmax(-1))
+    p(gm.graph)
+    assert copy.deepcopy(p).uuid() == p.uuid()
