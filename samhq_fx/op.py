@@ -10,15 +10,18 @@ ordinary graph ops for autograd and Inductor; the op's backward returns dq, dk, 
 It saves (out, lse) for a flash-style backward, never the probabilities.
 
 Dispatch happens inside the op: Triton kernels on CUDA where `kernels.unsupported_reason` is None,
-the blocked reference (`reference.py`, O(block x N) memory) everywhere else. With Triton installed
-both ops are `torch.library.triton_op`s, so Inductor traces into them and sees the kernels (they
-run inside compiled graphs and CUDA graphs); the reference path is an opaque custom op so its
-Python loop over query blocks is never unrolled into a graph.
+the blocked reference (`reference.py`, O(block x N) memory) everywhere else. Both ops are opaque
+custom ops: a compiled graph (and its CUDA graph) calls them and they launch the kernels. With
+SAMHQ_FX_TRITON_OP=1 they are `torch.library.triton_op`s instead, so Inductor traces into them and
+compiles the kernels itself; that path is off by default until it compiles on torch 2.11 (NOTES.md).
+The reference is its own opaque op so its loop over query blocks is never unrolled into a graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 
 import torch
 
@@ -33,7 +36,22 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     _kernels = None
     _define_op = None
 
+try:
+    from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton_enabled
+except ImportError:  # pragma: no cover
+    _set_wrap_triton_enabled = None
+
 _warned: set[str] = set()
+
+_FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, float scale) -> (Tensor, Tensor)"
+_BWD_SCHEMA = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, Tensor out, Tensor lse, "
+    "float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _direct_triton_launch():
+    return _set_wrap_triton_enabled(False) if _set_wrap_triton_enabled else contextlib.nullcontext()
 
 
 def _kernel_skip_reason(q, k, v, rel_h, rel_w) -> str | None:
@@ -62,10 +80,7 @@ def _reference_fwd(
     return reference.forward(q, k, v, rel_h, rel_w, scale)
 
 
-@_reference_fwd.register_fake
-def _(q, k, v, rel_h, rel_w, scale):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+_reference_fwd.register_fake(lambda *args: _fwd_fake(*args))
 
 
 @torch.library.custom_op("samhq::rel_pos_attention_reference_backward", mutates_args=())
@@ -76,9 +91,7 @@ def _reference_bwd(
     return reference.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
 
 
-@_reference_bwd.register_fake
-def _(dout, q, k, v, rel_h, rel_w, out, lse, scale):
-    return tuple(torch.empty_like(t) for t in (q, k, v, rel_h, rel_w))
+_reference_bwd.register_fake(lambda *args: _bwd_fake(*args))
 
 
 # --- the public ops: kernel or reference, chosen per call ---------------------------------------
@@ -103,16 +116,42 @@ def _bwd_impl(
     return torch.ops.samhq.rel_pos_attention_reference_backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
 
 
-if _define_op is not None:
+def _fwd_fake(q, k, v, rel_h, rel_w, scale):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _bwd_fake(dout, q, k, v, rel_h, rel_w, out, lse, scale):
+    # Contiguous, whatever the inputs' strides: Inductor may hand the op inputs laid out differently
+    # from eager, so output strides must not depend on them (kernels and reference allocate alike).
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, rel_h, rel_w))
+
+
+def _opaque(fn):
+    # Launch the kernels straight through Triton's JIT (no wrap_triton HOP dispatch in eager).
+    def run(*args):
+        with _direct_triton_launch():
+            return fn(*args)
+
+    return run
+
+
+if _kernels is not None and os.environ.get("SAMHQ_FX_TRITON_OP", "0") == "1":
+    # Inductor traces into the op and compiles the kernels itself. Off by default: on the H200
+    # (torch 2.11, triton 3.6) Inductor's compile of the inlined forward kernel failed a tl.dot
+    # type assertion that the direct launch does not hit (benchmarks/NOTES.md); under study.
     rel_pos_attention_op = _define_op("samhq::rel_pos_attention", mutates_args=())(_fwd_impl)
     rel_pos_attention_backward_op = _define_op("samhq::rel_pos_attention_backward", mutates_args=())(_bwd_impl)
-else:  # pragma: no cover
-    rel_pos_attention_op = torch.library.custom_op("samhq::rel_pos_attention", mutates_args=())(_fwd_impl)
-    rel_pos_attention_op.register_fake(_fwd_impl)
+else:
+    # Opaque to Inductor: the compiled graph calls the op, the op launches the kernels.
+    rel_pos_attention_op = torch.library.custom_op(
+        "samhq::rel_pos_attention", mutates_args=(), schema=_FWD_SCHEMA
+    )(_opaque(_fwd_impl))
+    rel_pos_attention_op.register_fake(_fwd_fake)
     rel_pos_attention_backward_op = torch.library.custom_op(
-        "samhq::rel_pos_attention_backward", mutates_args=()
-    )(_bwd_impl)
-    rel_pos_attention_backward_op.register_fake(_bwd_impl)
+        "samhq::rel_pos_attention_backward", mutates_args=(), schema=_BWD_SCHEMA
+    )(_opaque(_bwd_impl))
+    rel_pos_attention_backward_op.register_fake(_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output):

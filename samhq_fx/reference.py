@@ -69,11 +69,12 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     hk, wk = rel_h.shape[-1], rel_w.shape[-1]
     # delta[i] = sum_d dout[i, d] * out[i, d]  (= sum_j p[i, j] * dp[i, j])
     delta = (do * out.to(ct)).sum(-1)
-    dq = torch.empty_like(qc)
-    dk = torch.zeros_like(kc)
-    dv = torch.zeros_like(vc)
-    drh = torch.empty_like(rh)
-    drw = torch.empty_like(rw)
+    # fresh contiguous buffers: output strides never follow the (possibly strided) inputs
+    dq = qc.new_empty(qc.shape)
+    dk = kc.new_zeros(kc.shape)
+    dv = vc.new_zeros(vc.shape)
+    drh = rh.new_empty(rh.shape)
+    drw = rw.new_empty(rw.shape)
     step = query_block(b, n_q, n_k)
     for i in range(0, n_q, step):
         sl = slice(i, min(i + step, n_q))
