@@ -1,0 +1,104 @@
+"""The backend on a CUDA GPU (run on the H200): Triton kernels inside Inductor graphs, end to end.
+
+Skipped without CUDA (conftest). A SAM-HQ vision model with head_dim 64 (as ViT-B/L), windowed
+(padded) and global layers; compiled with backend="samhq" against eager in float64.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from samhq_fx.models import random_init_, tiny_vision_config
+
+from helpers import fresh_compile_state, rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+def _model(impl="sdpa"):
+    from transformers import SamHQVisionModel
+
+    cfg = tiny_vision_config(
+        impl, hidden_size=128, num_attention_heads=2, image_size=128, patch_size=8, window_size=7,
+        global_attn_indexes=[1], num_hidden_layers=2, mlp_dim=256, output_channels=32,
+    )  # 16x16 tokens: 7x7 windows over a padded 21x21 grid, then global 16x16; head_dim 64
+    return random_init_(SamHQVisionModel(cfg), rel_pos_std=0.5).cuda()
+
+
+def _run(model, fn, x, w):
+    model.zero_grad()
+    out = fn(x).last_hidden_state
+    (out.float() * w).sum().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture
+def no_fallback(caplog):
+    caplog.set_level(logging.INFO, logger="samhq_fx")
+    yield
+    assert "reference implementation" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("precision,tol", [("highest", 1e-4), ("high", 2e-2)])
+def test_vision_model_matches_float64(impl, precision, tol, no_fallback):
+    fresh_compile_state()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        model = _model(impl)
+        x = torch.randn(2, 3, 128, 128, device="cuda")
+        w = torch.randn(2, 32, 16, 16, device="cuda")
+        out, grads = _run(model, torch.compile(model, backend="samhq"), x, w)
+        assert counters["samhq"]["fused"] == 2
+        model64 = model.double()
+        ref, ref_grads = _run(model64, model64, x.double(), w.double())
+        assert rel_err(out, ref) < tol
+        for name, g in grads.items():
+            assert rel_err(g, ref_grads[name]) < 5 * tol, name
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+def test_bf16_autocast_training_matches_fp32(no_fallback):
+    fresh_compile_state()
+    model = _model("sdpa")
+    x = torch.randn(2, 3, 128, 128, device="cuda")
+    w = torch.randn(2, 32, 16, 16, device="cuda")
+    ref, ref_grads = _run(model, model, x, w)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, grads = _run(model, torch.compile(model, backend="samhq"), x, w)
+    assert counters["samhq"]["fused"] == 2
+    assert rel_err(out, ref) < 5e-2
+    for name in ("vision_encoder.layers.1.attn.rel_pos_h", "vision_encoder.layers.0.attn.qkv.weight"):
+        assert grads[name].dtype == torch.float32  # parameter dtype
+        assert rel_err(grads[name], ref_grads[name]) < 1e-1, name
+
+
+def test_reduce_overhead_mode_runs_cuda_graphs(no_fallback):
+    fresh_compile_state()
+    model = _model("sdpa")
+    f = torch.compile(model, backend="samhq", mode="reduce-overhead")
+    for step in range(3):
+        x = torch.randn(2, 3, 128, 128, device="cuda")
+        torch.compiler.cudagraph_mark_step_begin()
+        out = f(x).last_hidden_state
+        assert rel_err(out, model(x).last_hidden_state) < 1e-4
+        out.sum().backward()
+    assert counters["samhq"]["fused"] == 2
+
+
+def test_training_step_is_deterministic(no_fallback):
+    fresh_compile_state()
+    model = _model("sdpa")
+    f = torch.compile(model, backend="samhq")
+    x = torch.randn(2, 3, 128, 128, device="cuda")
+    w = torch.randn(2, 32, 16, 16, device="cuda")
+    _, g1 = _run(model, f, x, w)
+    _, g2 = _run(model, f, x, w)
+    for name in g1:
+        if "attn" in name:  # the fused op's gradients and everything upstream of them
+            assert torch.equal(g1[name], g2[name]), name
