@@ -147,6 +147,9 @@ def _fwd_kernel(
     # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
     BLOCK_N: tl.constexpr = R * WK_PAD
     LOG2E: tl.constexpr = 1.4426950408889634
+    # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
+    # pin them to fp32 so the scores, P and the accumulators stay fp32.
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
 
@@ -256,6 +259,10 @@ def _bwd_dkdv_kernel(
     # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
     BLOCK_N: tl.constexpr = R * WK_PAD
     LOG2E: tl.constexpr = 1.4426950408889634
+    # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
+    # pin them to fp32 so the scores, P and the accumulators stay fp32.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    scale = tl.cast(scale, tl.float32)
     pid_t = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     kh0 = pid_t * R
@@ -337,6 +344,10 @@ def _bwd_dq_kernel(
     # reduces them itself: no atomics, fixed order.
     BLOCK_N: tl.constexpr = R * WK_PAD
     LOG2E: tl.constexpr = 1.4426950408889634
+    # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
+    # pin them to fp32 so the scores, P and the accumulators stay fp32.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    scale = tl.cast(scale, tl.float32)
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
 

@@ -1,0 +1,73 @@
+"""Compile every kernel launch of forward/backward for sm_90, typed as Inductor types user kernels.
+
+Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does): the host functions
+run on meta tensors with wrap_triton replaced by a recorder, then each recorded launch is compiled
+by Triton for an H100/H200 target. No GPU needed. Inductor passes Python floats as fp64 scalars, and
+ints equal to 1 as constants, so the kernels must compile with exactly those types.
+"""
+
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+launches = []
+
+
+class _Recorder:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def record(*args, **kwargs):
+            launches.append((self.kernel, args, kwargs))
+
+        return record
+
+
+torch.library.wrap_triton = _Recorder
+import samhq_fx.kernels.rel_pos_attention as K  # noqa: E402
+
+_PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+
+
+def compile_launch(kernel, args, kwargs):
+    names = [p.name for p in kernel.params]
+    sig, consts = {}, {}
+    for name, val in zip(names, args):
+        if isinstance(val, torch.Tensor):
+            sig[name] = _PTR[val.dtype]
+        elif isinstance(val, float):
+            sig[name] = "fp64"  # what Inductor's user-kernel codegen declares for Python floats
+        elif val == 1:
+            sig[name], consts[name] = "constexpr", 1
+        else:
+            sig[name] = "i32"
+    for name in names[len(args):]:
+        sig[name], consts[name] = "constexpr", kwargs[name]
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def main():
+    # narrow grid (several grid rows per key tile), wide grid (one row per tile), ViT-H head dim
+    cases = [(torch.float32, "high", 7, 64), (torch.float32, "highest", 64, 64), (torch.bfloat16, "highest", 14, 80)]
+    for dtype, prec, grid, d in cases:
+        torch.set_float32_matmul_precision(prec)
+        if True:
+            b, n = 2, grid * grid
+            q, k, v = (torch.empty(b, n, d, device="meta", dtype=dtype) for _ in range(3))
+            rh, rw = (torch.empty(b, n, grid, device="meta", dtype=dtype) for _ in range(2))
+            launches.clear()
+            out, lse = K.forward(q, k, v, rh, rw, 0.125)
+            K.backward(torch.empty_like(out), q, k, v, rh, rw, out, lse, 0.125)
+            for kernel, args, kwargs in launches:
+                compile_launch(kernel, args, kwargs)
+            print(f"ok {dtype} {prec} grid={grid} d={d}: {len(launches)} kernels", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

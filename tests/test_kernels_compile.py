@@ -1,0 +1,22 @@
+"""The kernels compile for Hopper (sm_90) with the argument types Inductor gives user kernels.
+
+Seen on the H200: under Inductor a Python float argument is an fp64 scalar, which silently turned the
+scores and accumulators fp64 and failed a tl.dot type check that a direct launch never hits. This
+compiles every launch of forward/backward for sm_90 on the CPU (Triton's bundled ptxas, no GPU).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def test_kernels_compile_for_sm90_with_inductor_argument_types():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("hopper_compile_check.py")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") == 3, proc.stdout
