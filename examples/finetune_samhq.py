@@ -33,15 +33,18 @@ except ImportError:  # the progress bar is optional
 def build_model(full: bool, attn: str) -> SamHQModel:
     if full:  # SAM-HQ ViT-B: 64x64 tokens, 14x14 windows, 4 global layers
         cfg = SamHQConfig(vision_config=vit_b_vision_config(attn).to_dict())
-    else:  # 8x8 tokens, 4x4 windows + 2 global layers, small prompt encoder and mask decoder
+    else:  # 8x8 tokens: a 3x3-window layer (padded to 9x9) + a global layer; one-layer mask decoder
         vision = tiny_vision_config(
-            attn, image_size=64, patch_size=8, hidden_size=64, num_attention_heads=4, num_hidden_layers=4,
-            global_attn_indexes=[1, 3], window_size=4, mlp_dim=128, output_channels=32, num_pos_feats=16,
+            attn, image_size=64, patch_size=8, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+            global_attn_indexes=[1], window_size=3, mlp_dim=128, output_channels=32, num_pos_feats=16,
         )
         cfg = SamHQConfig(
             vision_config=vision.to_dict(),
             prompt_encoder_config=dict(hidden_size=32, image_size=64, patch_size=8),
-            mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2, iou_head_hidden_dim=32, vit_dim=64),
+            mask_decoder_config=dict(
+                hidden_size=32, mlp_dim=64, num_hidden_layers=1, num_attention_heads=2, iou_head_hidden_dim=32,
+                vit_dim=64,
+            ),
         )
     cfg.vision_config._attn_implementation = attn
     return random_init_(SamHQModel(cfg))
