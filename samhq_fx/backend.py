@@ -75,8 +75,11 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         if patches.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
         rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"])
-        rewrite(gm.graph)
-        gm.recompile()
+        # gm and the bodies of its higher-order ops (activation-checkpoint regions, ...)
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                rewrite(module.graph)
+                module.recompile()
         patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
     if not ours["samhq.inductor"]:
         from torch._dynamo.backends.debugging import aot_eager

@@ -225,3 +225,18 @@ def test_pass_survives_deepcopy_after_running():
     gm = torch.fx.symbolic_trace(lambda x: x.softmax(-1))
     p(gm.graph)
     assert copy.deepcopy(p).uuid() == p.uuid()
+
+
+@pytest.mark.parametrize("options", [FAST, None])
+def test_activation_checkpointing_regions_are_fused(options):
+    # HF gradient checkpointing puts each layer in a checkpoint region: a subgraph of the Dynamo graph.
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "sdpa").train()
+    model.gradient_checkpointing_enable()
+    x = torch.randn(2, 3, 32, 32)
+    ref, ref_grads = _loss_and_grads(model, model, x)
+    out, grads = _loss_and_grads(model, torch.compile(model, backend="samhq", options=options), x)
+    assert counters["samhq"]["fused"] == 2
+    assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
+    for name, g in grads.items():
+        assert rel_err(g, ref_grads[name]) < 1e-4, name
