@@ -97,23 +97,58 @@ _reference_bwd.register_fake(lambda *args: _bwd_fake(*args))
 # --- the public ops: kernel or reference, chosen per call ---------------------------------------
 
 
+def _shape_key(q, k, v, rel_h, rel_w) -> tuple:
+    # What decides which kernel binary runs: a compile failure for one key says nothing of others.
+    return (q.device.type, q.dtype, q.shape[-1], v.shape[-1], rel_h.shape[-1], rel_w.shape[-1],
+            torch.get_float32_matmul_precision())
+
+
+_broken: set[tuple] = set()
+
+
+def _with_kernel_fallback(kernel_call, reference_call, inputs):
+    """Run kernel_call; if the kernels fail to compile or launch here, warn once and use the reference.
+
+    Keeps a training run alive on a GPU / Triton combination the kernels were never built for. An
+    out-of-memory error is re-raised: the reference would need more memory, not less.
+    """
+    key = _shape_key(*inputs)
+    if key not in _broken:
+        try:
+            return kernel_call()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # Triton CompilationError, OutOfResources, driver launch errors
+            _broken.add(key)
+            log.warning(
+                "samhq_fx: Triton kernel failed for %s (%s: %s); using the reference implementation for it",
+                key, type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+            )
+    return reference_call()
+
+
 def _fwd_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     reason = _kernel_skip_reason(q, k, v, rel_h, rel_w)
+    reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference(q, k, v, rel_h, rel_w, scale)  # noqa: E731
     if reason is None:
-        return _kernels.forward(q, k, v, rel_h, rel_w, scale)
+        kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale)  # noqa: E731
+        return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w))
     _note_fallback(reason)
-    return torch.ops.samhq.rel_pos_attention_reference(q, k, v, rel_h, rel_w, scale)
+    return reference_call()
 
 
 def _bwd_impl(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
     rel_w: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    args = (dout, q, k, v, rel_h, rel_w, out, lse, scale)
+    reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference_backward(*args)  # noqa: E731
     if _kernel_skip_reason(q, k, v, rel_h, rel_w) is None:
-        return _kernels.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
-    return torch.ops.samhq.rel_pos_attention_reference_backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+        kernel_call = lambda: _kernels.backward(*args)  # noqa: E731
+        return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w))
+    return reference_call()
 
 
 def _fwd_fake(q, k, v, rel_h, rel_w, scale):
