@@ -240,3 +240,14 @@ def test_activation_checkpointing_regions_are_fused(options):
     assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
     for name, g in grads.items():
         assert rel_err(g, ref_grads[name]) < 1e-4, name
+
+
+def test_inference_mode_uses_the_fused_forward():
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        ref = model(x).last_hidden_state
+        out = torch.compile(model, backend="samhq", options=FAST)(x).last_hidden_state
+    assert counters["samhq"]["fused"] == 2
+    assert rel_err(out, ref) < 1e-5
