@@ -48,9 +48,7 @@ class _Emitter:
 
     def _meta(self, node: Node) -> Node:
         def fake(a):
-            return value(a) if isinstance(a, Node) and value(a) is not None else (
-                a.meta.get("example_value") if isinstance(a, Node) else a
-            )
+            return a.meta.get("example_value", a.meta.get("val")) if isinstance(a, Node) else a
 
         args = torch.fx.node.map_aggregate(node.args, fake)
         kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
