@@ -431,7 +431,6 @@ def _bwd_dq_kernel(
 # Host functions: allocate and launch only (traced with fake tensors inside a triton_op)
 # ----------------------------------------------------------------------------------------------
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 # "highest" runs 3-pass TF32 (a = hi + lo split; error ~ fp32 rounding): Triton's "ieee" dot runs on
 # FMA units at < 1 TFLOP/s on the H200 (213 ms for the SAM-B global layer, benchmarks/NOTES.md).
 _FP32_PREC = {"highest": "tf32x3", "high": "tf32", "medium": "bf16"}

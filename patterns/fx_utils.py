@@ -113,10 +113,6 @@ def as_number(x: Any) -> float | None:
     return None
 
 
-def tensor_operands(node: Node) -> list[Node]:
-    return [a for a in node.args if isinstance(a, Node)]
-
-
 def is_last_two_swapped(node: Node, ndim: int) -> bool:
     """transpose(-2, -1) / permute(..., n-1, n-2) / .t(): the k -> k^T of attention scores."""
     name = op_name(node)
