@@ -6,12 +6,14 @@
 Every rank trains the small random-init SAM-HQ vision encoder on its own synthetic batch for a few steps
 and rank 0 prints the loss curve, how many attention blocks were fused on each rank (Dynamo's DDP
 optimizer splits the graph at gradient-bucket boundaries and compiles each piece separately), and a
-checksum of the final parameters, so two runs (samhq vs inductor) can be compared.
+checksum and a SHA-256 of the final parameters, so two runs can be compared (samhq vs inductor: close;
+samhq vs samhq: the same bits).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 
@@ -23,9 +25,17 @@ from transformers import SamHQVisionModel
 from samhq_fx.models import random_init_, tiny_vision_config, vit_b_vision_config
 
 
+def _full(p: torch.Tensor) -> torch.Tensor:
+    p = p.detach()
+    return p.full_tensor() if hasattr(p, "full_tensor") else p  # DTensor (FSDP2 shard) -> whole parameter
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="samhq", help="torch.compile backend: samhq, inductor")
+    p.add_argument("--engine", choices=["ddp", "fsdp2"], default="ddp",
+                   help="ddp: DistributedDataParallel(model) compiled; fsdp2: fully_shard on each encoder layer and "
+                        "the root, then compiled")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=2, help="per rank")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP gradient bucket size")
@@ -50,9 +60,16 @@ def main(argv=None):
         cfg.image_size = 256
     model = random_init_(SamHQVisionModel(cfg), rel_pos_std=0.5).to(device)  # same seed: same weights on all ranks
     size = cfg.image_size
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    if args.engine == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.vision_encoder.layers:
+            fully_shard(layer)
+        wrapped = fully_shard(model)
     options = {"samhq.inductor": False} if args.samhq_aot_eager and args.backend == "samhq" else None
-    compiled = torch.compile(ddp, backend=args.backend, options=options)
+    compiled = torch.compile(wrapped, backend=args.backend, options=options)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
     out_hw = size // cfg.patch_size
@@ -74,16 +91,24 @@ def main(argv=None):
     mine = torch.tensor([counters["samhq"]["fused"], counters["samhq"]["graphs"]], device=device)
     gathered = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
-    checksum = sum(p.double().sum().item() for p in model.parameters())
-    summary = {"backend": args.backend, "losses": losses, "fused_per_rank": [int(g[0]) for g in gathered],
-               "graphs_per_rank": [int(g[1]) for g in gathered], "param_checksum": checksum, "world": world}
+    full = [_full(p) for p in model.parameters()]  # FSDP2: all-gathers each sharded parameter
+    checksum = sum(p.double().sum().item() for p in full)
+    sha = hashlib.sha256(b"".join(p.cpu().contiguous().view(torch.uint8).numpy().tobytes() for p in full))
+    summary = {"backend": args.backend, "engine": args.engine, "losses": losses,
+               "fused_per_rank": [int(g[0]) for g in gathered], "graphs_per_rank": [int(g[1]) for g in gathered],
+               "param_checksum": checksum, "param_sha256": sha.hexdigest(), "world": world}
     if rank == 0:
-        print(f"{args.backend}: loss {' -> '.join(f'{l:.5f}' for l in losses)}")
+        print(f"{args.backend} ({args.engine}): loss {' -> '.join(f'{l:.5f}' for l in losses)}")
         print(f"attention blocks fused per rank: {summary['fused_per_rank']} in "
-              f"{summary['graphs_per_rank']} compiled graphs; parameter checksum {checksum:.6f}")
+              f"{summary['graphs_per_rank']} compiled graphs; parameter checksum {checksum:.6f}, "
+              f"sha256 {summary['param_sha256'][:16]}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f)
+    # Gloo's barrier waits for all earlier work on this rank. Without it, destroying the process group
+    # while a worker thread still releases a finished collective can deadlock on the GIL
+    # (pytorch/pytorch#56297, #75097): seen once here as a hang at exit on CPU.
+    dist.barrier()
     dist.destroy_process_group()
 
 
