@@ -143,3 +143,16 @@ def test_kernel_failure_falls_back_to_reference_with_one_warning(monkeypatch, ca
     assert all(torch.isfinite(t.grad).all() for t in inputs)
     assert len(calls) == 1  # forward and backward share the shape key: one failure disables both
     assert caplog.text.count("Triton kernel failed") == 1
+
+
+def test_torch_export_keeps_the_op():
+    # A module that calls the functional op exports with the fused op as one node and runs the same.
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, rh, rw):
+            return samhq_fx.rel_pos_attention(q, k, v, rh, rw, 0.25)
+
+    args = tuple(rand_inputs(2, (3, 4), (3, 4), 8, seed=5))
+    ep = torch.export.export(Attn(), args)
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "samhq.rel_pos_attention.default" in targets, targets
+    assert rel_err(ep.module()(*args), Attn()(*args)) < 1e-6
