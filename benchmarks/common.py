@@ -10,7 +10,11 @@ What lives here, once:
     between its two markers.  The flush runs before the opening marker, so it is never inside a span.
     span = last end - first start of those records (kernels, memcpy and memset);
   * wall time per call from CUDA events (`wall_times`), or perf_counter on CPU;
-  * the time budget (`Budget`), JSON writing/merging (`write_json`, `load_rows`), and a plain-text table.
+  * the time budget (`Budget`), JSON writing/merging (`write_json`, `load_rows`), and a plain-text table;
+  * parallel cache warming (`warm_caches`): compiling is CPU-bound and single-threaded per process, timing
+    must be serial; so first compile every cell in N subprocesses (one shard of cells each, 1 call, no
+    timing), which fills Inductor's on-disk caches (FX graph, AOT autograd, Triton), then time the cells
+    one by one in this process, where each compile is a cache hit.
 """
 
 from __future__ import annotations
@@ -247,6 +251,45 @@ class Budget:
         # the first measurement replaces the prior; later ones only raise it (bigger shapes compile longer)
         self.est[kind] = max(seconds, self.est[kind]) if kind in self.seen else seconds
         self.seen.add(kind)
+
+
+def shard(cells: Sequence[str], cost: Callable[[str], float], n: int) -> list[list[str]]:
+    """Split cells into at most n shards of about equal total cost (greedy, most expensive first)."""
+    shards: list[list[str]] = [[] for _ in range(max(1, n))]
+    load = [0.0] * len(shards)
+    for c in sorted(cells, key=cost, reverse=True):
+        k = load.index(min(load))
+        shards[k].append(c)
+        load[k] += cost(c)
+    return [s for s in shards if s]
+
+
+def warm_caches(script: str, shards: list[list[str]], extra_args: Sequence[str], timeout: float,
+                log_dir: str, t0: float | None = None) -> None:
+    """Run `script --cells <shard> *extra_args` for every shard at once; wait up to `timeout` seconds.
+
+    A shard that fails or runs out of time only means colder caches for the timed pass, never a wrong
+    number: its results are thrown away (each subprocess writes into its own folder under log_dir)."""
+    os.makedirs(log_dir, exist_ok=True)
+    procs = []
+    for k, cells in enumerate(shards):
+        out = os.path.join(log_dir, f"warm{k}")
+        log_f = open(os.path.join(log_dir, f"warm{k}.log"), "w")
+        cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", out, *extra_args]
+        procs.append((subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True), log_f))
+    log(f"warming caches: {sum(map(len, shards))} cells in {len(shards)} processes (logs: {log_dir})", t0)
+    deadline = time.perf_counter() + timeout
+    for k, (proc, log_f) in enumerate(procs):
+        try:
+            rc = proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = "timeout"
+        log_f.close()
+        if rc != 0:
+            log(f"warm shard {k} ({len(shards[k])} cells) ended with {rc}; its cells compile cold", t0)
+    log("caches warm", t0)
 
 
 def load_rows(path: str | None) -> list[dict]:

@@ -62,6 +62,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -369,7 +370,18 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: workload 7x7x1, impls eager,inductor,samhq, 1 warm-up + 1 timed call")
+    ap.add_argument("--warm-jobs", type=int, default=0,
+                    help="first compile every cell in this many parallel processes (hot caches for the timed pass)")
+    ap.add_argument("--warm-timeout", type=float, default=300.0, help="seconds the warm-up processes may take")
+    ap.add_argument("--cells", default=None,
+                    help="only these cells, 'precision/HxWxB/impl;...' (what --warm-jobs hands each process)")
     args = ap.parse_args(argv)
+    if args.cells:
+        cells = [tuple(c.split("/")) for c in args.cells.split(";") if c]
+        if any(len(c) != 3 for c in cells):
+            ap.error("--cells wants 'precision/HxWxB/impl' items separated by ';'")
+        args.precision, args.workloads, args.impls = (",".join(dict.fromkeys(c[i] for c in cells)) for i in range(3))
+        args.cells = set(cells)
     if args.quick:
         args.iters, args.warmup, args.input_sets = 1, 1, 1
         args.impls = args.impls or ",".join(QUICK_IMPLS)
@@ -400,7 +412,8 @@ def main(argv=None) -> dict:
     skipped: list[dict] = []
     path = os.path.join(args.out, RESULTS_NAME)
     method = __doc__[__doc__.index("What is compiled"):__doc__.index("Run time:")].strip()
-    config = {k: getattr(args, k) for k in ("iters", "warmup", "input_sets", "profile", "flush", "time_budget", "quick")}
+    config = {k: getattr(args, k) for k in ("iters", "warmup", "input_sets", "profile", "flush", "time_budget", "quick",
+                                            "warm_jobs")}
     config.update(l2_flush_bytes=flusher.nbytes, impls=list(args.impls), precisions=list(args.precision),
                   workloads=[wl_name(w) for w in args.workloads], rtol=sol076.RTOL)
 
@@ -411,9 +424,19 @@ def main(argv=None) -> dict:
         common.write_json(path, payload)
         return payload
 
+    if args.warm_jobs > 0 and device.type == "cuda":
+        cells = [f"{p}/{wl_name(w)}/{i}" for p in args.precision for w in args.workloads for i in args.impls
+                 if i not in ("eager", "eager-sdpa") and (p, wl_name(w), i) not in done]
+        extra = ["--iters", "1", "--warmup", "1", "--input-sets", "1", "--no-profile", "--no-chart",
+                 "--time-budget", "0", "--device", device.type]
+        common.warm_caches(os.path.abspath(__file__), common.shard(cells, lambda c: PRIORS[c.split("/")[2]],
+                           args.warm_jobs), extra, args.warm_timeout, tempfile.mkdtemp(prefix="sol076_warm_"), t0)
+        config["compile_s"] = "with caches warmed by --warm-jobs (cache-hit compile, not cold)"
+
     for prec in args.precision:
         for wl, atol in args.workloads.items():
-            todo = [i for i in args.impls if (prec, wl_name(wl), i) not in done]
+            todo = [i for i in args.impls if (prec, wl_name(wl), i) not in done
+                    and (not args.cells or (prec, wl_name(wl), i) in args.cells)]
             data = None
             for impl in todo:
                 if not budget.fits(impl):

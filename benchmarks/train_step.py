@@ -50,6 +50,7 @@ import argparse
 import os
 import re
 import sys
+import tempfile
 import time
 import traceback
 
@@ -229,7 +230,18 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: tiny config, batch 1, tf32, eager-eager + samhq-eager, 1 warm-up + 1 step")
+    ap.add_argument("--warm-jobs", type=int, default=0,
+                    help="first compile every cell in this many parallel processes (hot caches for the timed pass)")
+    ap.add_argument("--warm-timeout", type=float, default=420.0, help="seconds the warm-up processes may take")
+    ap.add_argument("--cells", default=None,
+                    help="only these cells, 'dtype/batch/impl;...' (what --warm-jobs hands each process)")
     args = ap.parse_args(argv)
+    if args.cells:
+        cells = [tuple(c.split("/")) for c in args.cells.split(";") if c]
+        if any(len(c) != 3 for c in cells):
+            ap.error("--cells wants 'dtype/batch/impl' items separated by ';'")
+        args.dtype, args.batch, args.impls = (",".join(dict.fromkeys(c[i] for c in cells)) for i in range(3))
+        args.cells = {(impl, int(b), d) for d, b, impl in cells}
     if args.quick:
         args.steps, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
@@ -272,13 +284,22 @@ def main(argv=None) -> dict:
         common.write_json(path, payload)
         return payload
 
+    if args.warm_jobs > 0 and device.type == "cuda":
+        cells = [f"{d}/{b}/{i}" for d in args.dtype for b in args.batch for i in args.impls
+                 if IMPLS[i][1] and (i, b, d) not in done]
+        extra = ["--steps", "1", "--warmup", "1", "--no-profile", "--no-chart", "--time-budget", "0",
+                 "--device", device.type]
+        common.warm_caches(os.path.abspath(__file__), common.shard(cells, lambda c: PRIORS[c.split("/")[2]],
+                           args.warm_jobs), extra, args.warm_timeout, tempfile.mkdtemp(prefix="train_step_warm_"), t0)
+        config["compile_s"] = "with caches warmed by --warm-jobs (cache-hit compile, not cold)"
+
     for dtype in args.dtype:
         if dtype == "bf16" and device.type == "cpu":
             common.log("bf16 autocast on CPU is not benchmarked; skipping", t0)
             continue
         for batch in args.batch:
             for impl in args.impls:
-                if (impl, batch, dtype) in done:
+                if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
                     continue
                 if not budget.fits(impl):
                     skipped.append({"impl": impl, "batch": batch, "dtype": dtype})

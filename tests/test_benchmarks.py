@@ -63,6 +63,26 @@ def test_parse_args():
     assert bench.parse_args([]).precision == ("high",)
     with pytest.raises(SystemExit):
         bench.parse_args(["--workloads", "5x5x5"])
+    # --cells (one warm-up shard): exactly those cells, the loops cover their union
+    c = bench.parse_args(["--cells", "high/7x7x1/samhq;medium/64x64x4/flex"])
+    assert c.cells == {("high", "7x7x1", "samhq"), ("medium", "64x64x4", "flex")}
+    assert c.precision == ("high", "medium") and set(c.impls) == {"samhq", "flex"}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--cells", "high/7x7x1"])
+
+
+def test_shard_balances_cost():
+    cost = {"a": 90, "b": 20, "c": 20, "d": 20, "e": 20, "f": 3}.__getitem__
+    shards = common.shard(list("abcdef"), cost, 3)
+    assert sorted(c for s in shards for c in s) == list("abcdef")  # every cell exactly once
+    assert ["a"] in shards  # the 90 s cell alone; the rest spread over the other two
+    assert common.shard(["a"], cost, 4) == [["a"]]
+
+
+def test_sol076_cells_runs_only_those(tmp_path):
+    p = bench.main(["--quick", "--cells", "high/7x7x1/eager;high/4x4x2/eager", "--out", str(tmp_path)])
+    assert sorted((r["workload"], r["impl"], r["status"]) for r in p["results"]) == [
+        ("4x4x2", "eager", "PASS"), ("7x7x1", "eager", "PASS")]
 
 
 # ------------------------------------------------------------------------------------------- sol076 runner
@@ -134,3 +154,11 @@ def test_train_step_attention_class_selection():
     for attn, cls in (("eager", "SamHQVisionAttention"), ("sdpa", "SamHQVisionSdpaAttention")):
         model, _ = train_step.build_model(attn, quick=True, device=torch.device("cpu"))
         assert type(model.vision_encoder.layers[0].attn).__name__ == cls
+
+
+def test_train_step_cells_parse():
+    import train_step
+
+    a = train_step.parse_args(["--cells", "bf16/4/samhq-sdpa;tf32/1/inductor"])
+    assert a.cells == {("samhq-sdpa", 4, "bf16"), ("inductor", 1, "tf32")}
+    assert set(a.dtype) == {"bf16", "tf32"} and set(a.batch) == {1, 4}
