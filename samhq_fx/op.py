@@ -73,11 +73,28 @@ def _note_fallback(reason: str) -> None:
 # --- reference path: opaque custom ops --------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _explain_oom(q, k, rel_h, rel_w):
+    # The reference holds one [B*heads, block, N] score tile at a time; running out of memory here says
+    # the kernels did not take this call, which is what the user can change.
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        reason = _kernel_skip_reason(q, k, q, rel_h, rel_w) or "kernel failed earlier for this shape"
+        raise torch.OutOfMemoryError(
+            f"samhq_fx: out of memory in the reference rel_pos_attention for q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, key grid {rel_h.shape[-1]}x{rel_w.shape[-1]}, {q.dtype} on {q.device} "
+            f"(the Triton kernels did not take it: {reason}). The kernel path (CUDA; fp16, bf16 or fp32; "
+            f"head dim <= 128) needs no N x N memory; or use a smaller batch. Original error: {e}"
+        ) from e
+
+
 @torch.library.custom_op("samhq::rel_pos_attention_reference", mutates_args=())
 def _reference_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return reference.forward(q, k, v, rel_h, rel_w, scale)
+    with _explain_oom(q, k, rel_h, rel_w):
+        return reference.forward(q, k, v, rel_h, rel_w, scale)
 
 
 _reference_fwd.register_fake(lambda *args: _fwd_fake(*args))
@@ -88,7 +105,8 @@ def _reference_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
     rel_w: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return reference.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+    with _explain_oom(q, k, rel_h, rel_w):
+        return reference.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
 
 
 _reference_bwd.register_fake(lambda *args: _bwd_fake(*args))

@@ -79,7 +79,10 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     for i in range(0, n_q, step):
         sl = slice(i, min(i + step, n_q))
         s = _scores(qc[:, sl], kc, rh[:, sl], rw[:, sl], scale)
-        p = torch.exp(s.sub_(lse[:, sl, None].to(ct)))
+        row_lse = lse[:, sl, None].to(ct)
+        # a row with non-finite lse is NaN throughout, as in eager softmax (not 0 for its finite scores)
+        row_lse = torch.where(torch.isfinite(row_lse), row_lse, float("nan"))
+        p = torch.exp(s.sub_(row_lse))
         dv += torch.matmul(p.transpose(-2, -1), do[:, sl])
         dp = torch.matmul(do[:, sl], vc.transpose(-2, -1))
         ds = p.mul_(dp.sub_(delta[:, sl, None]))  # [B, bq, Nk], reuses p's storage

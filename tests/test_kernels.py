@@ -140,6 +140,31 @@ def test_small_shapes(b, hk, wk, d, mode, matmul_precision):
     run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype), tol)
 
 
+@pytest.mark.parametrize("grid", [(3, 7), (5, 9)])  # R > 1 and R == 1 key tiles
+def test_nonfinite_rows_are_nan_as_in_eager(grid, matmul_precision):
+    # An inf score, a fully masked query (-inf bias) or a NaN input: NaN exactly where eager has NaN,
+    # (the forward's online softmax makes such a row's lse NaN, so the backward rows are NaN throughout)
+    # never finite-looking numbers computed from a row eager's softmax makes NaN.
+    matmul_precision("highest")
+    hk, wk = grid
+    q, k, v, rel_h, rel_w, dout = make_inputs(2, hk * wk, hk, wk, 64, 64, torch.float32, seed=4)
+    k[1, 5, 0] = float("inf")  # batch 1: an inf key
+    rel_h[0, 3] = float("-inf")  # batch 0, query 3: every key masked
+    rel_h[0, 6, 1] = float("-inf")  # batch 0, query 6: one grid row masked (finite)
+    q[0, 9, 2] = float("nan")
+    scale = 0.125
+    out, lse = K.forward(q, k, v, rel_h, rel_w, scale)
+    grads = K.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, rel_h, rel_w)]
+    ref = reference.naive(*leaves, scale)  # the eager formula, float64
+    ref_grads = torch.autograd.grad(ref, leaves, dout.double())
+    for name, g, r in zip(("out", "dq", "dk", "dv", "d_rel_h", "d_rel_w"), (out, *grads), (ref, *ref_grads)):
+        assert torch.equal(torch.isnan(g.cpu()), torch.isnan(r.cpu())), name
+        fin = torch.isfinite(r)
+        assert torch.allclose(g[fin].double(), r[fin], rtol=1e-4, atol=1e-5), name
+    assert torch.isfinite(out[0, 6]).all()
+
+
 @pytest.mark.parametrize("layout", ["qkv", "transposed"])
 def test_strided_inputs(layout, matmul_precision):
     matmul_precision("highest")

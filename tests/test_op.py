@@ -156,3 +156,38 @@ def test_torch_export_keeps_the_op():
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     assert "samhq.rel_pos_attention.default" in targets, targets
     assert rel_err(ep.module()(*args), Attn()(*args)) < 1e-6
+
+
+def test_reference_oom_names_the_shape_and_the_kernel_path(monkeypatch):
+    def oom(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+
+    monkeypatch.setattr(reference, "forward", oom)
+    q, k, v, rh, rw = rand_inputs(2, (3, 4), (3, 4), 8, seed=3)
+    with pytest.raises(torch.OutOfMemoryError, match=r"q \(2, 12, 8\).*key grid 3x4.*kernel path") as info:
+        samhq_fx.rel_pos_attention(q, k, v, rh, rw)
+    assert "no kernel for device cpu" in str(info.value) and "4.00 GiB" in str(info.value)
+
+
+@pytest.mark.parametrize("poison", ["nan_q", "inf_k", "masked_row"])
+def test_nonfinite_inputs_behave_as_eager(poison):
+    # NaN / inf must propagate as in the eager formula, never turn into silent zeros (or vice versa).
+    q, k, v, rh, rw = (t.requires_grad_() for t in rand_inputs(2, (3, 4), (3, 4), 8, seed=9))
+    with torch.no_grad():
+        if poison == "nan_q":
+            q[0, 5, 2] = float("nan")  # one query row NaN
+        elif poison == "inf_k":
+            k[1, 7, 0] = float("inf")
+        else:
+            rh[1, 2] = float("-inf")  # every key masked for query 2 of batch 1: eager gives NaN there
+            rh[0, 4, 1] = float("-inf")  # one key-grid row masked for query 4: finite
+    got = samhq_fx.rel_pos_attention(q, k, v, rh, rw, 0.3)
+    ref = reference.naive(q, k, v, rh, rw, 0.3)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref))
+    fin = torch.isfinite(ref)
+    assert fin.any() and torch.allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-6)
+    dout = torch.randn_like(ref)
+    g_got = torch.autograd.grad(got, (q, k, v, rh, rw), dout)
+    g_ref = torch.autograd.grad(ref, (q, k, v, rh, rw), dout)
+    for name, a, b in zip(("dq", "dk", "dv", "d_rel_h", "d_rel_w"), g_got, g_ref):
+        assert torch.equal(torch.isnan(a), torch.isnan(b)), name
