@@ -143,8 +143,8 @@ def test_small_shapes(b, hk, wk, d, mode, matmul_precision):
 @pytest.mark.parametrize("grid", [(3, 7), (5, 9)])  # R > 1 and R == 1 key tiles
 def test_nonfinite_rows_are_nan_as_in_eager(grid, matmul_precision):
     # An inf score, a fully masked query (-inf bias) or a NaN input: NaN exactly where eager has NaN,
-    # (the forward's online softmax makes such a row's lse NaN, so the backward rows are NaN throughout)
-    # never finite-looking numbers computed from a row eager's softmax makes NaN.
+    # never finite-looking numbers computed from a row eager's softmax makes NaN. (The forward's online
+    # softmax makes such a row's lse NaN, so its backward rows are NaN throughout.)
     matmul_precision("highest")
     hk, wk = grid
     q, k, v, rel_h, rel_w, dout = make_inputs(2, hk * wk, hk, wk, 64, 64, torch.float32, seed=4)
