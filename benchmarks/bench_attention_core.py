@@ -15,7 +15,7 @@ FLOPs counted per head: forward 4*N*N*D (QK^T and PV), backward 10*N*N*D (FA con
 dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (P recomputed in both
 backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
 
-Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--skip-baselines]
+Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--sweep-narrow] [--skip-baselines]
 Writes bench_attention_core.json to --out (default $OUT or .).
 """
 
@@ -256,10 +256,56 @@ def sweep(results):
     results["sweep"] = rows
 
 
+# Narrow key grids (Wk <= 32: several grid rows per key tile) are the 076 suite's slow cases (NOTES.md).
+# Per kernel, the key-tile target BLOCK_N (R = BLOCK_N / WK_PAD grid rows per tile) and the query block.
+NARROW = [(7, 64), (14, 8), (32, 4), (48, 2)]
+NARROW_CANDS = {
+    "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
+            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)],
+    "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (32, 64, 128)],
+    "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
+           for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)],
+}
+
+
+def sweep_narrow(results, mode="fp32-tf32"):
+    """Time block configs on the narrow 076 grids, one kernel varied at a time (the others as shipped)."""
+    dtype, prec = MODES[mode]
+    torch.set_float32_matmul_precision(prec)
+    saved = (K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32)
+    rows = []
+    for side, batch in NARROW:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+        for kern, lst in NARROW_CANDS.items():
+            for c in lst:
+                K.CONFIG, K.CONFIG_FP32 = dict(saved[0]), dict(saved[1])
+                K.CONFIG_TF32 = {n: o for n, o in saved[2].items() if n != kern}
+                K.CONFIG[kern] = K.CONFIG_FP32[kern] = dict(c)
+                fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
+                try:
+                    row = dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
+                               ms=graph_bench(fwd if kern == "fwd" else bwd))
+                except Exception as e:
+                    row = dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
+                               error=f"{type(e).__name__}: {str(e)[:160]}")
+                print(row, flush=True)
+                rows.append(row)
+    K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32 = saved
+    results["sweep_narrow"] = rows
+    for side, batch in NARROW:  # best per kernel, against the shipped config's time
+        for kern in NARROW_CANDS:
+            ok = [r for r in rows if r["grid"] == side and r["kernel"] == kern and "ms" in r]
+            if ok:
+                best = min(ok, key=lambda r: r["ms"])
+                print(f"narrow {side}x{side}x{batch} {kern}: best {best['ms'] * 1e3:.1f} us with {best['cfg']}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-narrow", action="store_true", help="block configs on the narrow 076 grids, then exit")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
     args = ap.parse_args()
@@ -275,6 +321,10 @@ def main():
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
     results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
     print("host time per call (us), tiny shape:", results["host_us"], flush=True)
+    if args.sweep_narrow:
+        sweep_narrow(results)
+        save()
+        return
     if args.sweep:
         sweep(results)
         save()
