@@ -129,6 +129,32 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
+def _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh, HK: tl.constexpr):
+    # rel_h[:, kh] for the block's queries: [BLOCK_M] fp32, log2 domain, 0 past the last grid row
+    return tl.load(RH + b * srh_b + offs_m * srh_n + kh * srh_k,
+                   mask=m_ok & (kh < HK), other=0.0).to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
+def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+                   HK: tl.constexpr, R: tl.constexpr):
+    """s = qk * qk_scale + rw + rel_h[i, key row] for one key tile, log2 domain: [BLOCK_M, BLOCK_N].
+
+    R == 1: the whole tile is grid row kh0, so rel_h is one value per query, prefetched one tile ahead
+    (rh_next; returned refreshed for kh0 + 1: the pipeliner leaves that strided load synchronous, and
+    issued a tile early its latency hides behind the dots). R > 1: a [BLOCK_M, BLOCK_N] gather from L1.
+    """
+    if R == 1:
+        s = qk * qk_scale + rw + rh_next[:, None]
+        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0 + 1, HK)
+    else:
+        rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
+                     mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
+        s = qk * qk_scale + rw + rh.to(tl.float32) * 1.4426950408889634
+    return s, rh_next
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, RH, RW, O, LSE,
     sq_b, sq_n, sq_d,
@@ -172,11 +198,9 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
-    # R == 1: rel_h[:, kh0] is a strided [BLOCK_M] gather the pipeliner leaves synchronous, so it is
-    # prefetched by hand one tile ahead (its latency then hides behind the two dots).
-    rh_next = tl.zeros([BLOCK_M], tl.float32)
+    rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
     if R == 1:
-        rh_next = tl.load(RH + b * srh_b + offs_m * srh_n, mask=m_ok, other=0.0).to(tl.float32) * LOG2E
+        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, 0, HK)
 
     for kh0 in range(0, HK, R):
         kh = kh0 + row
@@ -186,15 +210,7 @@ def _fwd_kernel(
         kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
                      mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
-        if R == 1:
-            # the whole tile is grid row kh0: one rel_h value per query (prefetched last iteration)
-            s = qk * qk_scale + rw + rh_next[:, None]
-            rh_next = tl.load(RH + b * srh_b + offs_m * srh_n + (kh0 + 1) * srh_k,
-                              mask=m_ok & (kh0 + 1 < HK), other=0.0).to(tl.float32) * LOG2E
-        else:
-            rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
-                         mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
-            s = qk * qk_scale + rw + rh.to(tl.float32) * LOG2E
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh, HK, R)
         s = tl.where(n_ok[None, :], s, float("-inf"))
 
         # online softmax; every tile holds at least one real key, so m_new is finite
@@ -377,9 +393,9 @@ def _bwd_dq_kernel(
         drw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     else:
         drw = tl.zeros([BLOCK_M, WK_PAD], tl.float32)
-    rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: prefetched one tile ahead, as in _fwd_kernel
+    rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
     if R == 1:
-        rh_next = tl.load(RH + b * srh_b + offs_m * srh_n, mask=m_ok, other=0.0).to(tl.float32) * LOG2E
+        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, 0, HK)
 
     for kh0 in range(0, HK, R):
         kh = kh0 + row
@@ -391,14 +407,7 @@ def _bwd_dq_kernel(
         vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
                      mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
-        if R == 1:
-            s = qk * qk_scale + rw + rh_next[:, None]
-            rh_next = tl.load(RH + b * srh_b + offs_m * srh_n + (kh0 + 1) * srh_k,
-                              mask=m_ok & (kh0 + 1 < HK), other=0.0).to(tl.float32) * LOG2E
-        else:
-            rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
-                         mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
-            s = qk * qk_scale + rw + rh.to(tl.float32) * LOG2E
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh, HK, R)
         p = tl.math.exp2(s)
         p = tl.where(n_ok[None, :], p, 0.0)
         dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
