@@ -253,6 +253,35 @@ class Budget:
         self.seen.add(kind)
 
 
+def add_cell_args(ap, cell_form: str, warm_timeout: float) -> None:
+    """--warm-jobs / --warm-timeout / --cells, shared by the benchmark scripts (cell_form: 'a/b/c')."""
+    ap.add_argument("--warm-jobs", type=int, default=0,
+                    help="first compile every cell in this many parallel processes (hot caches for the timed pass)")
+    ap.add_argument("--warm-timeout", type=float, default=warm_timeout, help="seconds the warm-up processes may take")
+    ap.add_argument("--cells", default=None,
+                    help=f"only these cells, '{cell_form};...' (what --warm-jobs hands each process)")
+
+
+def parse_cells(ap, spec: str | None, cell_form: str) -> tuple[list[tuple[str, str, str]], list[str]] | None:
+    """--cells 'a/b/c;...' -> (cells, [comma list of the a's, of the b's, of the c's]); None without it."""
+    if not spec:
+        return None
+    cells = [tuple(c.split("/")) for c in spec.split(";") if c]
+    if not cells or any(len(c) != 3 for c in cells):
+        ap.error(f"--cells wants '{cell_form}' items separated by ';'")
+    return cells, [",".join(dict.fromkeys(c[i] for c in cells)) for i in range(3)]
+
+
+def warm_cells(script: str, cells: Sequence[str], cost: Callable[[str], float], args, extra_args: Sequence[str],
+               t0: float | None = None) -> None:
+    """warm_caches over cells ('a/b/c' strings) split into args.warm_jobs shards, logs in a temp folder."""
+    import tempfile
+
+    name = os.path.splitext(os.path.basename(script))[0]
+    warm_caches(script, shard(cells, cost, args.warm_jobs), extra_args, args.warm_timeout,
+                tempfile.mkdtemp(prefix=f"{name}_warm_"), t0)
+
+
 def shard(cells: Sequence[str], cost: Callable[[str], float], n: int) -> list[list[str]]:
     """Split cells into at most n shards of about equal total cost (greedy, most expensive first)."""
     shards: list[list[str]] = [[] for _ in range(max(1, n))]

@@ -62,7 +62,6 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 import time
 import traceback
 
@@ -370,17 +369,11 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: workload 7x7x1, impls eager,inductor,samhq, 1 warm-up + 1 timed call")
-    ap.add_argument("--warm-jobs", type=int, default=0,
-                    help="first compile every cell in this many parallel processes (hot caches for the timed pass)")
-    ap.add_argument("--warm-timeout", type=float, default=300.0, help="seconds the warm-up processes may take")
-    ap.add_argument("--cells", default=None,
-                    help="only these cells, 'precision/HxWxB/impl;...' (what --warm-jobs hands each process)")
+    common.add_cell_args(ap, "precision/HxWxB/impl", warm_timeout=300.0)
     args = ap.parse_args(argv)
-    if args.cells:
-        cells = [tuple(c.split("/")) for c in args.cells.split(";") if c]
-        if any(len(c) != 3 for c in cells):
-            ap.error("--cells wants 'precision/HxWxB/impl' items separated by ';'")
-        args.precision, args.workloads, args.impls = (",".join(dict.fromkeys(c[i] for c in cells)) for i in range(3))
+    parsed = common.parse_cells(ap, args.cells, "precision/HxWxB/impl")
+    if parsed:
+        cells, (args.precision, args.workloads, args.impls) = parsed
         args.cells = set(cells)
     if args.quick:
         args.iters, args.warmup, args.input_sets = 1, 1, 1
@@ -429,8 +422,7 @@ def main(argv=None) -> dict:
                  if i not in ("eager", "eager-sdpa") and (p, wl_name(w), i) not in done]
         extra = ["--iters", "1", "--warmup", "1", "--input-sets", "1", "--no-profile", "--no-chart",
                  "--time-budget", "0", "--device", device.type]
-        common.warm_caches(os.path.abspath(__file__), common.shard(cells, lambda c: PRIORS[c.split("/")[2]],
-                           args.warm_jobs), extra, args.warm_timeout, tempfile.mkdtemp(prefix="sol076_warm_"), t0)
+        common.warm_cells(os.path.abspath(__file__), cells, lambda c: PRIORS[c.split("/")[2]], args, extra, t0)
         config["compile_s"] = "with caches warmed by --warm-jobs (cache-hit compile, not cold)"
 
     for prec in args.precision:

@@ -50,7 +50,6 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import time
 import traceback
 
@@ -230,17 +229,11 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: tiny config, batch 1, tf32, eager-eager + samhq-eager, 1 warm-up + 1 step")
-    ap.add_argument("--warm-jobs", type=int, default=0,
-                    help="first compile every cell in this many parallel processes (hot caches for the timed pass)")
-    ap.add_argument("--warm-timeout", type=float, default=420.0, help="seconds the warm-up processes may take")
-    ap.add_argument("--cells", default=None,
-                    help="only these cells, 'dtype/batch/impl;...' (what --warm-jobs hands each process)")
+    common.add_cell_args(ap, "dtype/batch/impl", warm_timeout=420.0)
     args = ap.parse_args(argv)
-    if args.cells:
-        cells = [tuple(c.split("/")) for c in args.cells.split(";") if c]
-        if any(len(c) != 3 for c in cells):
-            ap.error("--cells wants 'dtype/batch/impl' items separated by ';'")
-        args.dtype, args.batch, args.impls = (",".join(dict.fromkeys(c[i] for c in cells)) for i in range(3))
+    parsed = common.parse_cells(ap, args.cells, "dtype/batch/impl")
+    if parsed:
+        cells, (args.dtype, args.batch, args.impls) = parsed
         args.cells = {(impl, int(b), d) for d, b, impl in cells}
     if args.quick:
         args.steps, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
@@ -289,8 +282,7 @@ def main(argv=None) -> dict:
                  if IMPLS[i][1] and (i, b, d) not in done]
         extra = ["--steps", "1", "--warmup", "1", "--no-profile", "--no-chart", "--time-budget", "0",
                  "--device", device.type]
-        common.warm_caches(os.path.abspath(__file__), common.shard(cells, lambda c: PRIORS[c.split("/")[2]],
-                           args.warm_jobs), extra, args.warm_timeout, tempfile.mkdtemp(prefix="train_step_warm_"), t0)
+        common.warm_cells(os.path.abspath(__file__), cells, lambda c: PRIORS[c.split("/")[2]], args, extra, t0)
         config["compile_s"] = "with caches warmed by --warm-jobs (cache-hit compile, not cold)"
 
     for dtype in args.dtype:
