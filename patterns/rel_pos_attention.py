@@ -16,9 +16,14 @@ term, a full leaf must be the q @ k^T product. Reshapes are followed only when t
 score tensor (row-major regrouping of batch / query / key dims), so every leaf maps to the same
 flat [batch, query, key] index space the fused op uses.
 
+Sizes may be symbolic (a dynamic batch, or a dynamic image size after Dynamo's automatic dynamic
+shapes saw a second resolution): every size relation is checked with `same_size`, which is true only
+when provable from the symbols, so a check never installs a guard. Head dims stay static (the kernels
+specialise on them).
+
 A candidate is left alone, with its reason recorded, whenever rewriting could change results:
 probabilities used anywhere else (output_attentions=True), active dropout, a dense bias term,
-broadcast over batch, dynamic spatial sizes, mixed dtypes, shapes the op does not take.
+broadcast over batch, mixed dtypes, shapes the op does not take.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ class Match:
     k: Node  # [*batch, Nk, D]
     v: Node  # [*batch, Nk, Dv]
     scale: float
-    grid: tuple[int, int]  # (Hk, Wk)
+    grid: tuple  # (Hk, Wk), ints or SymInts
     rel_h: list[RelTerm]
     rel_w: list[RelTerm]
     output: Node  # node whose value the fused op replaces: [*batch, Nq, Dv]
@@ -76,27 +81,25 @@ class Candidate:
 # --- the bias tree ----------------------------------------------------------------------------
 
 
-def _key_query_groups(ctx: tuple, n_q: int, n_k: int) -> tuple[list[int], list[int], list[int]]:
+def _key_query_groups(ctx: tuple, n_q, n_k) -> tuple[list[int], list[int], list[int]]:
     """Split a context shape into (batch dims, query dims, key dims), row-major.
 
     Key dims are either one dim of size Nk or two dims (Hk, Wk) with Hk * Wk = Nk; query dims are
-    the dims before them whose product is Nq; the rest are batch.
+    the fewest dims before them whose product is Nq; the rest are batch.
     """
     nd = len(ctx)
-    if nd >= 2 and all(is_static(s) for s in ctx[-2:]) and ctx[-1] < n_k and ctx[-2] * ctx[-1] == n_k:
-        key = [nd - 2, nd - 1]
-    elif nd >= 1 and is_static(ctx[-1]) and ctx[-1] == n_k:
+    if nd >= 1 and same_size(ctx[-1], n_k):
         key = [nd - 1]
+    elif nd >= 2 and same_size(ctx[-2] * ctx[-1], n_k):
+        key = [nd - 2, nd - 1]
     else:
         raise NoMatch(f"bias reshaped to {ctx}: key dims are not ({n_k},) nor a grid")
     query, prod, i = [], 1, key[0] - 1
-    while i >= 0 and prod < n_q:
-        if not is_static(ctx[i]):
-            raise NoMatch(f"dynamic size in query dims of {ctx}")
+    while i >= 0 and not (query and same_size(prod, n_q)):
         prod *= ctx[i]
         query.insert(0, i)
         i -= 1
-    if prod != n_q or not query:
+    if not (query and same_size(prod, n_q)):
         raise NoMatch(f"bias reshaped to {ctx}: query dims do not multiply to {n_q}")
     return list(range(i + 1)), query, key
 
@@ -133,7 +136,7 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
     return leaves
 
 
-def _classify(leaf: Node, ctx: tuple, n_q: int, n_k: int):
+def _classify(leaf: Node, ctx: tuple, n_q, n_k):
     """('dense', None) or ('h' | 'w', RelTerm, grid) for one leaf of the bias tree."""
     own = shape(leaf)
     if len(own) != len(ctx):
@@ -147,29 +150,31 @@ def _classify(leaf: Node, ctx: tuple, n_q: int, n_k: int):
         return "dense", None, None
     if len(key) == 2:
         grid = (ctx[key[0]], ctx[key[1]])
-        if full[0] and own[key[1]] == 1:
+        if full[0] and same_size(own[key[1]], 1):
             return "h", RelTerm(leaf, batch, query, squeeze=key[1]), grid
-        if full[1] and own[key[0]] == 1:
+        if full[1] and same_size(own[key[0]], 1):
             return "w", RelTerm(leaf, batch, query, squeeze=key[0]), grid
     raise NoMatch(f"{leaf.name} {own} is neither per key row nor per key column of {ctx}")
 
 
-def _bias_terms(root: Node, n_q: int, n_k: int, batch_shape: tuple, nodes: set[Node]):
+def _bias_terms(root: Node, n_q, n_k, batch_shape: tuple, nodes: set[Node]):
     """Split the tensor `root` (scores + bias, or the SDPA mask) into dense leaves and rel terms."""
     full = numel(batch_shape) * n_q * n_k
-    dense, rel_h, rel_w, grids = [], [], [], set()
+    dense, rel_h, rel_w, grids = [], [], [], []
     for leaf, ctx in _collect_leaves(root, full, nodes):
         kind, term, grid = _classify(leaf, ctx, n_q, n_k)
         if kind == "dense":
             dense.append(leaf)
             continue
-        grids.add(grid)
+        grids.append(grid)
         (rel_h if kind == "h" else rel_w).append(term)
     if not rel_h and not rel_w:
         raise NoMatch("no rel-pos bias (no term broadcast along a key-grid axis)")
-    if len(grids) != 1:
-        raise NoMatch(f"rel-pos terms disagree on the key grid: {sorted(grids)}")
-    return dense, rel_h, rel_w, grids.pop()
+    if not all(same_size(g[0], grids[0][0]) and same_size(g[1], grids[0][1]) for g in grids):
+        raise NoMatch(f"rel-pos terms disagree on the key grid: {grids}")
+    if not (rel_h and rel_w) and not all(map(is_static, grids[0])):
+        raise NoMatch(f"only one rel-pos axis on a dynamic grid {grids[0]}")
+    return dense, rel_h, rel_w, grids[0]
 
 
 # --- q @ k^T ----------------------------------------------------------------------------------
@@ -223,10 +228,11 @@ def _check_qkv(q: Node, k: Node, v: Node, n_q: int, n_k: int, batch_shape: tuple
     for s in (qs, ks, vs):
         if not all(same_size(a, b) for a, b in zip(s[:-2], batch_shape)):
             raise NoMatch(f"q {qs}, k {ks}, v {vs}: batch dims broadcast against {batch_shape}")
-    if qs[-2] != n_q or ks[-2] != n_k or vs[-2] != n_k or qs[-1] != ks[-1]:
-        raise NoMatch(f"q {qs}, k {ks}, v {vs} do not fit scores [{n_q}, {n_k}]")
-    if not all(is_static(s) for s in (qs[-1], vs[-1])):
+    if not all(is_static(s) for s in (qs[-1], ks[-1], vs[-1])):
         raise NoMatch("dynamic head_dim")
+    fits = same_size(qs[-2], n_q) and same_size(ks[-2], n_k) and same_size(vs[-2], n_k) and qs[-1] == ks[-1]
+    if not fits:
+        raise NoMatch(f"q {qs}, k {ks}, v {vs} do not fit scores [{n_q}, {n_k}]")
     dtypes = {value(n).dtype for n in (q, k, v)}
     if len(dtypes) != 1:
         raise NoMatch(f"q, k, v have mixed dtypes {sorted(map(str, dtypes))}")
@@ -270,8 +276,6 @@ def _match_softmax(node: Node) -> Match:
     if not isinstance(dim, int) or dim % len(xs) != len(xs) - 1:
         raise NoMatch(f"softmax over dim {dim}, not the last")
     n_q, n_k = xs[-2], xs[-1]
-    if not (is_static(n_q) and is_static(n_k)):
-        raise NoMatch("dynamic sequence length")
     nodes = {node}
     dense, rel_h, rel_w, grid = _bias_terms(x, n_q, n_k, xs[:-2], nodes)
     if len(dense) != 1:
@@ -298,8 +302,8 @@ def _match_sdpa(node: Node) -> Match:
     if qs is None or ks is None or value(mask) is None or not value(mask).dtype.is_floating_point:
         raise NoMatch("SDPA mask is not a float tensor")
     n_q, n_k, d = qs[-2], ks[-2], qs[-1]
-    if not (is_static(n_q) and is_static(n_k) and is_static(d)):
-        raise NoMatch("dynamic sequence length or head_dim")
+    if not is_static(d):
+        raise NoMatch("dynamic head_dim")
     scale = node.kwargs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else as_number(scale)
     if scale is None:
@@ -315,8 +319,11 @@ def _match_sdpa(node: Node) -> Match:
     return Match("sdpa", q, k, v, scale, grid, rel_h, rel_w, node, nodes)
 
 
-def find_candidates(graph: Graph, min_seq_len: int = 1) -> list[Candidate]:
-    """Every softmax / SDPA in `graph`, each with a Match or the reason it was left alone."""
+def find_candidates(graph: Graph, min_seq_len: int = 1, dynamic_grid: bool = True) -> list[Candidate]:
+    """Every softmax / SDPA in `graph`, each with a Match or the reason it was left alone.
+
+    dynamic_grid=False leaves symbolic key grids alone (for an op that needs the grid at compile time).
+    """
     found = []
     for node in graph.nodes:
         kind = op_name(node)
@@ -326,7 +333,9 @@ def find_candidates(graph: Graph, min_seq_len: int = 1) -> list[Candidate]:
         try:
             cand.match = _match_softmax(node) if kind == "softmax" else _match_sdpa(node)
             n_k = shape(cand.match.k)[-2]
-            if n_k < min_seq_len:
+            if not dynamic_grid and not all(map(is_static, cand.match.grid)):
+                raise NoMatch(f"dynamic key grid {cand.match.grid}")
+            if is_static(n_k) and n_k < min_seq_len:  # a symbolic length is let through: no guard on it
                 raise NoMatch(f"{n_k} keys < min_seq_len={min_seq_len}")
         except NoMatch as e:
             cand.match, cand.reason = None, str(e)

@@ -189,7 +189,11 @@ def _opaque(fn):
     return run
 
 
-if _kernels is not None and os.environ.get("SAMHQ_FX_TRITON_OP", "0") == "1":
+# With SAMHQ_FX_TRITON_OP=1 Inductor traces the op and compiles its kernels, which specialise on the key
+# grid: the rewrite then leaves symbolic (dynamic) grids alone.
+INDUCTOR_COMPILES_KERNELS = _kernels is not None and os.environ.get("SAMHQ_FX_TRITON_OP", "0") == "1"
+
+if INDUCTOR_COMPILES_KERNELS:
     # Inductor traces into the op and compiles the kernels itself. Off by default: on the H200
     # (torch 2.11, triton 3.6) Inductor's compile of the inlined forward kernel failed a tl.dot
     # type assertion that the direct launch does not hit (benchmarks/NOTES.md); under study.

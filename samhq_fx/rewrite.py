@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.fx import Graph, Node
 
-from . import op as _op  # noqa: F401  (registers torch.ops.samhq.*)
+from . import op  # registers torch.ops.samhq.*
 from .patterns.fx_utils import is_static, shape, value
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
@@ -161,7 +161,7 @@ class RelPosAttentionPass(CustomGraphPass):
             return
         self._done.add(id(graph))
         before = debug.graph_source(graph) if self.dump_dir else None
-        candidates = find_candidates(graph, self.min_seq_len)
+        candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=not op.INDUCTOR_COMPILES_KERNELS)
         for cand in candidates:
             if cand.match is not None:
                 apply_match(graph, cand.match)

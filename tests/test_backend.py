@@ -217,6 +217,22 @@ def test_sol076_layer_all_seven_gradients_against_float64():
     assert sol076.check(got, ref, atol=sol076.WORKLOADS[(7, 7, 1)]) == (True, "ok")
 
 
+def test_new_image_sizes_stay_fused_under_automatic_dynamic_shapes():
+    # A second resolution makes Dynamo recompile with symbolic H, W (automatic dynamic shapes). The
+    # rewrite must hold on that graph too, or every later size silently runs the O(N^2) attention.
+    fresh_compile_state()
+    layer = torch.compile(sol076.attention_layer, backend="samhq")
+    for i, (h, w) in enumerate([(4, 4), (5, 6), (7, 3), (4, 4)]):
+        grad_output, *inputs = sol076.make_inputs(h, w, 2, generator=torch.Generator().manual_seed(i))
+        got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
+        ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+        ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+        for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+            assert rel_err(g, r) < 1e-5, (h, w, name)
+    assert counters["samhq"]["graphs"] == 2  # static 4x4, then one dynamic graph for every other size
+    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["skipped"] == 0
+
+
 def test_pass_survives_deepcopy_after_running():
     # Inductor deep-copies its config (the pass included) after the backend has run the pass.
     import copy
