@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -105,10 +106,14 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f)
-    # Gloo's barrier waits for all earlier work on this rank. Without it, destroying the process group
-    # while a worker thread still releases a finished collective can deadlock on the GIL
-    # (pytorch/pytorch#56297, #75097): seen once here as a hang at exit on CPU.
+    # Gloo teardown: a worker thread drops each finished collective after waking the caller, and that
+    # drop takes the GIL (the collective's tensors have Python objects); destroying the process group
+    # holds the GIL while joining those threads. Seen here as a hang at exit (pytorch/pytorch#75097,
+    # #56297). So: wait for all work (barrier), then sleep, which releases the GIL, so the workers
+    # finish before the process group goes.
     dist.barrier()
+    if not use_cuda:
+        time.sleep(0.5)
     dist.destroy_process_group()
 
 
