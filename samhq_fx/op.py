@@ -74,13 +74,13 @@ def _note_fallback(reason: str) -> None:
 
 
 @contextlib.contextmanager
-def _explain_oom(q, k, rel_h, rel_w):
+def _explain_oom(q, k, v, rel_h, rel_w):
     # The reference holds one [B*heads, block, N] score tile at a time; running out of memory here says
     # the kernels did not take this call, which is what the user can change.
     try:
         yield
     except torch.OutOfMemoryError as e:
-        reason = _kernel_skip_reason(q, k, q, rel_h, rel_w) or "kernel failed earlier for this shape"
+        reason = _kernel_skip_reason(q, k, v, rel_h, rel_w) or "kernel failed earlier for this shape"
         raise torch.OutOfMemoryError(
             f"samhq_fx: out of memory in the reference rel_pos_attention for q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, key grid {rel_h.shape[-1]}x{rel_w.shape[-1]}, {q.dtype} on {q.device} "
@@ -93,7 +93,7 @@ def _explain_oom(q, k, rel_h, rel_w):
 def _reference_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    with _explain_oom(q, k, rel_h, rel_w):
+    with _explain_oom(q, k, v, rel_h, rel_w):
         return reference.forward(q, k, v, rel_h, rel_w, scale)
 
 
@@ -105,7 +105,7 @@ def _reference_bwd(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
     rel_w: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    with _explain_oom(q, k, rel_h, rel_w):
+    with _explain_oom(q, k, v, rel_h, rel_w):
         return reference.backward(dout, q, k, v, rel_h, rel_w, out, lse, scale)
 
 
