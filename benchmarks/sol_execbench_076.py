@@ -13,11 +13,13 @@ The timed function is the benchmark's: given grad_output and the 7 inputs, forwa
                              (captured tensors, so their gradients flow)
   samhq                      torch.compile(layer, backend="samhq")
   samhq-reduce-overhead      torch.compile(layer, backend="samhq", mode="reduce-overhead")
+  samhq-triton-op            torch.compile(layer, backend="samhq", options={"samhq.triton_op": True}): the same
+                             kernels, compiled and launched by Inductor instead of by the opaque op
 
 What is compiled: the layer (forward) only, with dynamic=False, fresh per workload and precision.  AOTAutograd
 compiles its backward, which torch.autograd.grad then runs, so every compiled implementation compiles exactly
 the same region (forward and backward of the layer) and the driver code around it is identical eager Python
-for all eight.  (Dynamo does not put torch.autograd.grad itself inside a graph.)
+for all of them.  (Dynamo does not put torch.autograd.grad itself inside a graph.)
 
 Method, per (precision, workload, implementation) cell:
   1. torch._dynamo.reset(); set torch.set_float32_matmul_precision; build the implementation.
@@ -79,16 +81,17 @@ except ImportError:  # very old torch: the flex implementation then reports an E
     flex_attention = None
 
 IMPLS = ("eager", "eager-sdpa", "inductor", "inductor-reduce-overhead", "flex", "samhq", "samhq-reduce-overhead",
-         "inductor-max-autotune")  # the slowest to compile last, so a budget cut loses it first
+         "samhq-triton-op", "inductor-max-autotune")  # the slowest to compile last, so a budget cut loses it first
 IMPL_GROUPS = {"all": IMPLS, "fast": tuple(i for i in IMPLS if i != "inductor-max-autotune")}
 CUDAGRAPH_IMPLS = ("inductor-reduce-overhead", "samhq-reduce-overhead")
-# (backend, mode) for the implementations that compile sol076.attention_layer itself
+# (backend, mode) for the implementations that compile sol076.attention_layer itself (options: build_layer)
 COMPILED = {
     "inductor": ("inductor", None),
     "inductor-max-autotune": ("inductor", "max-autotune-no-cudagraphs"),
     "inductor-reduce-overhead": ("inductor", "reduce-overhead"),
     "samhq": ("samhq", None),
     "samhq-reduce-overhead": ("samhq", "reduce-overhead"),
+    "samhq-triton-op": ("samhq", None),
 }
 PRECISIONS = ("highest", "high", "medium")
 # CI smoke: the smallest benchmark workload (one: on a 2-core CPU Inductor needs ~15-25 s per workload), and a
@@ -101,7 +104,7 @@ QUICK_IMPLS = ("eager", "inductor", "samhq")
 # Guessed seconds for a first cell of each implementation (H200 host), so the budget does not start a cell
 # that cannot finish; replaced by the measured duration after each cell.
 PRIORS = {"eager": 3, "eager-sdpa": 3, "inductor": 20, "inductor-reduce-overhead": 20, "flex": 30,
-          "samhq": 20, "samhq-reduce-overhead": 20, "inductor-max-autotune": 90}
+          "samhq": 20, "samhq-reduce-overhead": 20, "samhq-triton-op": 20, "inductor-max-autotune": 90}
 RESULTS_NAME = "sol076.json"
 
 
@@ -158,7 +161,8 @@ def build_layer(impl: str):
         return torch.compile(flex_layer, dynamic=False)
     if impl in COMPILED:
         backend, mode = COMPILED[impl]
-        return torch.compile(sol076.attention_layer, backend=backend, mode=mode, dynamic=False)
+        options = {"samhq.triton_op": True} if impl == "samhq-triton-op" else None
+        return torch.compile(sol076.attention_layer, backend=backend, mode=mode, options=options, dynamic=False)
     raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
 
 

@@ -13,6 +13,8 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.rewrite      bool, default True   False: plain Inductor            (SAMHQ_FX_DISABLE=1)
     samhq.dump_dir     str, default None    write graphs + match report here (SAMHQ_FX_DUMP_DIR)
     samhq.min_seq_len  int, default 1       leave attention over fewer keys alone (SAMHQ_FX_MIN_SEQ_LEN)
+    samhq.triton_op    bool, default False  True: emit the op's torch.library.triton_op registration, whose
+                                            kernels Inductor compiles and launches itself (SAMHQ_FX_TRITON_OP=1)
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
@@ -28,7 +30,8 @@ import torch
 
 from .rewrite import RelPosAttentionPass
 
-SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1, "samhq.inductor": True}
+SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1, "samhq.triton_op": False,
+                 "samhq.inductor": True}
 
 
 def _env_defaults() -> dict[str, Any]:
@@ -37,6 +40,8 @@ def _env_defaults() -> dict[str, Any]:
         env["samhq.rewrite"] = False
     if os.environ.get("SAMHQ_FX_DUMP_DIR"):
         env["samhq.dump_dir"] = os.environ["SAMHQ_FX_DUMP_DIR"]
+    if os.environ.get("SAMHQ_FX_TRITON_OP", "0") not in ("", "0"):
+        env["samhq.triton_op"] = True
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
@@ -74,7 +79,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     if ours["samhq.rewrite"]:
         if patches.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
-        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"])
+        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], ours["samhq.triton_op"])
         # gm and the bodies of its higher-order ops (activation-checkpoint regions, ...)
         for module in gm.modules():
             if isinstance(module, torch.fx.GraphModule):

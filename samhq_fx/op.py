@@ -10,11 +10,12 @@ ordinary graph ops for autograd and Inductor; the op's backward returns dq, dk, 
 It saves (out, lse) for a flash-style backward, never the probabilities.
 
 Dispatch happens inside the op: Triton kernels on CUDA where `kernels.unsupported_reason` is None,
-the blocked reference (`reference.py`, O(block x N) memory) everywhere else. Both ops are opaque
-custom ops: a compiled graph (and its CUDA graph) calls them and they launch the kernels. With
-SAMHQ_FX_TRITON_OP=1 they are `torch.library.triton_op`s instead, so Inductor traces into them and
-compiles the kernels itself; that path is off by default until it compiles on torch 2.11 (NOTES.md).
-The reference is its own opaque op so its loop over query blocks is never unrolled into a graph.
+the blocked reference (`reference.py`, O(block x N) memory) everywhere else. By default the ops are
+opaque custom ops: a compiled graph (and its CUDA graph) calls them and they launch the kernels. The
+same op is also registered as a `torch.library.triton_op` (`samhq::rel_pos_attention_inductor`), which
+Inductor traces into and compiles itself; the rewrite emits it with the backend option
+`samhq.triton_op` (or SAMHQ_FX_TRITON_OP=1). The reference is its own opaque op so its loop over query
+blocks is never unrolled into a graph.
 """
 
 from __future__ import annotations
@@ -63,11 +64,15 @@ def _kernel_skip_reason(q, k, v, rel_h, rel_w) -> str | None:
     return _kernels.unsupported_reason(q, k, v, rel_h, rel_w)
 
 
+def _log_once(msg: str) -> None:
+    # One log line per distinct message, not one per call.
+    if msg not in _warned:
+        _warned.add(msg)
+        log.info("samhq_fx: %s", msg)
+
+
 def _note_fallback(reason: str) -> None:
-    # One log line per distinct reason, not one per call.
-    if reason not in _warned:
-        _warned.add(reason)
-        log.info("samhq_fx: rel_pos_attention uses the reference implementation (%s)", reason)
+    _log_once(f"rel_pos_attention uses the reference implementation ({reason})")
 
 
 # --- reference path: opaque custom ops --------------------------------------------------------
@@ -189,26 +194,27 @@ def _opaque(fn):
     return run
 
 
-# With SAMHQ_FX_TRITON_OP=1 Inductor traces the op and compiles its kernels, which specialise on the key
-# grid: the rewrite then leaves symbolic (dynamic) grids alone.
-INDUCTOR_COMPILES_KERNELS = _kernels is not None and os.environ.get("SAMHQ_FX_TRITON_OP", "0") == "1"
+# Two registrations of the same op, chosen per compile by the rewrite (backend option samhq.triton_op):
+#   samhq::rel_pos_attention            opaque custom op: the compiled graph (and its CUDA graph) calls it,
+#                                       it launches the kernels through Triton. The default.
+#   samhq::rel_pos_attention_inductor   torch.library.triton_op: Inductor traces into it and compiles and
+#                                       launches the kernels from its own generated code. The kernels then
+#                                       specialise on the key grid at compile time, so the rewrite leaves
+#                                       dynamic grids alone in that mode.
+# Each has its own backward op, so autograd never mixes the two.
+rel_pos_attention_op = torch.library.custom_op(
+    "samhq::rel_pos_attention", mutates_args=(), schema=_FWD_SCHEMA
+)(_opaque(_fwd_impl))
+rel_pos_attention_op.register_fake(_fwd_fake)
+rel_pos_attention_backward_op = torch.library.custom_op(
+    "samhq::rel_pos_attention_backward", mutates_args=(), schema=_BWD_SCHEMA
+)(_opaque(_bwd_impl))
+rel_pos_attention_backward_op.register_fake(_bwd_fake)
 
-if INDUCTOR_COMPILES_KERNELS:
-    # Inductor traces into the op and compiles the kernels itself. Off by default: on the H200
-    # (torch 2.11, triton 3.6) Inductor's compile of the inlined forward kernel failed a tl.dot
-    # type assertion that the direct launch does not hit (benchmarks/NOTES.md); under study.
-    rel_pos_attention_op = _define_op("samhq::rel_pos_attention", mutates_args=())(_fwd_impl)
-    rel_pos_attention_backward_op = _define_op("samhq::rel_pos_attention_backward", mutates_args=())(_bwd_impl)
-else:
-    # Opaque to Inductor: the compiled graph calls the op, the op launches the kernels.
-    rel_pos_attention_op = torch.library.custom_op(
-        "samhq::rel_pos_attention", mutates_args=(), schema=_FWD_SCHEMA
-    )(_opaque(_fwd_impl))
-    rel_pos_attention_op.register_fake(_fwd_fake)
-    rel_pos_attention_backward_op = torch.library.custom_op(
-        "samhq::rel_pos_attention_backward", mutates_args=(), schema=_BWD_SCHEMA
-    )(_opaque(_bwd_impl))
-    rel_pos_attention_backward_op.register_fake(_bwd_fake)
+HAS_INDUCTOR_VARIANT = _kernels is not None
+if HAS_INDUCTOR_VARIANT:
+    rel_pos_attention_inductor_op = _define_op("samhq::rel_pos_attention_inductor", mutates_args=())(_fwd_impl)
+    _define_op("samhq::rel_pos_attention_inductor_backward", mutates_args=())(_bwd_impl)
 
 
 def _setup_context(ctx, inputs, output):
@@ -219,13 +225,30 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, dout, _dlse):
-    q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
-    grads = torch.ops.samhq.rel_pos_attention_backward(dout, q, k, v, rel_h, rel_w, out, lse, ctx.scale)
-    return (*grads, None)
+def _autograd_via(backward_op):
+    def backward(ctx, dout, _dlse):
+        q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
+        return (*backward_op(dout, q, k, v, rel_h, rel_w, out, lse, ctx.scale), None)
+
+    return backward
 
 
-rel_pos_attention_op.register_autograd(_backward, setup_context=_setup_context)
+rel_pos_attention_op.register_autograd(
+    _autograd_via(torch.ops.samhq.rel_pos_attention_backward.default), setup_context=_setup_context
+)
+if HAS_INDUCTOR_VARIANT:
+    rel_pos_attention_inductor_op.register_autograd(
+        _autograd_via(torch.ops.samhq.rel_pos_attention_inductor_backward.default), setup_context=_setup_context
+    )
+
+
+def fused_op(triton_op: bool):
+    """The forward op the rewrite emits: the triton_op registration if asked for and available."""
+    if triton_op and HAS_INDUCTOR_VARIANT:
+        return torch.ops.samhq.rel_pos_attention_inductor.default
+    if triton_op:
+        _log_once("samhq.triton_op needs triton; using the opaque op")
+    return torch.ops.samhq.rel_pos_attention.default
 
 
 # --- functional API -----------------------------------------------------------------------------

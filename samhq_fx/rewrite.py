@@ -108,8 +108,8 @@ def _zeros_along(em: _Emitter, like: Node, size: int) -> Node:
     return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), -1, -1, size))
 
 
-def apply_match(graph: Graph, m: Match) -> Node:
-    """Rewrite one match in place; returns the node that now carries the attention output."""
+def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default) -> Node:
+    """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node."""
     fake_mode = value(m.q).fake_mode
     em = _Emitter(graph, m.output, fake_mode)
     q, k, v = (_to_3d(em, n) for n in (m.q, m.k, m.v))
@@ -118,7 +118,7 @@ def apply_match(graph: Graph, m: Match) -> Node:
         rel_h = _zeros_along(em, rel_w, m.grid[0])
     if rel_w is None:
         rel_w = _zeros_along(em, rel_h, m.grid[1])
-    fused = em.function(torch.ops.samhq.rel_pos_attention.default, q, k, v, rel_h, rel_w, float(m.scale))
+    fused = em.function(fused_op, q, k, v, rel_h, rel_w, float(m.scale))
     out = em.function(operator.getitem, fused, 0)
     target = shape(m.output)
     if len(target) == 2:
@@ -148,9 +148,10 @@ def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
 class RelPosAttentionPass(CustomGraphPass):
     """Inductor pre-grad pass: fuse every rel-pos attention of the graph it is given."""
 
-    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None):
+    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool = False):
         self.min_seq_len = int(min_seq_len)
         self.dump_dir = dump_dir
+        self.triton_op = bool(triton_op)  # emit the triton_op registration (op.py) instead of the opaque op
         # Only plain data here: Inductor deep-copies its config, this pass included (torch 2.11).
         self._done: set[int] = set()
 
@@ -161,10 +162,13 @@ class RelPosAttentionPass(CustomGraphPass):
             return
         self._done.add(id(graph))
         before = debug.graph_source(graph) if self.dump_dir else None
-        candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=not op.INDUCTOR_COMPILES_KERNELS)
+        fused_op = op.fused_op(self.triton_op)
+        # Inductor compiles the triton_op's kernels with the grid as a constant: static grids only.
+        dynamic_grid = fused_op is torch.ops.samhq.rel_pos_attention.default
+        candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
         for cand in candidates:
             if cand.match is not None:
-                apply_match(graph, cand.match)
+                apply_match(graph, cand.match, fused_op)
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
@@ -179,4 +183,4 @@ class RelPosAttentionPass(CustomGraphPass):
             debug.write_dump(self.dump_dir, index, before, debug.graph_source(graph), candidates)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files(_source_files()) + f"|min_seq_len={self.min_seq_len}".encode()
+        return get_hash_for_files(_source_files()) + f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}".encode()

@@ -58,6 +58,7 @@ def test_mode_and_options_pass_through_to_inductor(monkeypatch):
 def test_pass_uuid_is_stable_and_keyed_on_settings():
     assert RelPosAttentionPass().uuid() == RelPosAttentionPass().uuid()
     assert RelPosAttentionPass(min_seq_len=1).uuid() != RelPosAttentionPass(min_seq_len=64).uuid()
+    assert RelPosAttentionPass(triton_op=False).uuid() != RelPosAttentionPass(triton_op=True).uuid()
 
 
 def _attention_region(src: str) -> str:
@@ -231,6 +232,22 @@ def test_new_image_sizes_stay_fused_under_automatic_dynamic_shapes():
             assert rel_err(g, r) < 1e-5, (h, w, name)
     assert counters["samhq"]["graphs"] == 2  # static 4x4, then one dynamic graph for every other size
     assert counters["samhq"]["fused"] == 2 and counters["samhq"]["skipped"] == 0
+
+
+def test_triton_op_option_emits_the_inductor_compiled_registration(tmp_path):
+    # samhq.triton_op: the rewrite emits samhq::rel_pos_attention_inductor, which Inductor traces into
+    # (on CPU its body calls the reference); the numbers are the same op's.
+    fresh_compile_state()
+    grad_output, *inputs = sol076.make_inputs(4, 5, 2, generator=torch.Generator().manual_seed(1))
+    options = {"samhq.triton_op": True, "samhq.dump_dir": str(tmp_path)}
+    layer = torch.compile(sol076.attention_layer, backend="samhq", options=options)
+    got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
+    after = (tmp_path / "graph_1_after.py").read_text()
+    assert "samhq.rel_pos_attention_inductor.default" in after
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+        assert rel_err(g, r) < 1e-5, name
 
 
 def test_pass_survives_deepcopy_after_running():

@@ -73,6 +73,26 @@ def test_vision_model_matches_float64(impl, precision, tol, no_fallback):
         torch.set_float32_matmul_precision("highest")
 
 
+def test_triton_op_variant_matches_float64(no_fallback):
+    # samhq.triton_op: Inductor compiles and launches the kernels itself
+    fresh_compile_state()
+    torch.set_float32_matmul_precision("high")
+    try:
+        model = _model("sdpa")
+        x = torch.randn(2, 3, 128, 128, device="cuda")
+        w = torch.randn(2, 32, 16, 16, device="cuda")
+        f = torch.compile(model, backend="samhq", options={"samhq.triton_op": True})
+        out, grads = _run(model, f, x, w)
+        assert counters["samhq"]["fused"] == 2
+        model64 = model.double()
+        ref, ref_grads = _run(model64, model64, x.double(), w.double())
+        assert rel_err(out, ref) < 2e-2
+        for name, g in grads.items():
+            assert rel_err(g, ref_grads[name]) < 1e-1, name
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_training_matches_fp32(dtype, no_fallback):
     fresh_compile_state()

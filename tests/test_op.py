@@ -106,18 +106,18 @@ def _strided(t):
     return t.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(t.requires_grad)
 
 
-def test_opcheck_with_strided_inputs():
+@pytest.mark.parametrize("name", ["rel_pos_attention", "rel_pos_attention_inductor"])  # opaque, triton_op
+def test_opcheck_with_strided_inputs(name):
     # Fake (meta) kernels must agree with the real ones on shapes, dtypes and strides for any input
     # layout; a fake that followed input strides broke Inductor's backward on the H200.
+    fwd, bwd = getattr(torch.ops.samhq, name), getattr(torch.ops.samhq, name + "_backward")
     q, k, v, rh, rw = (_strided(t) for t in rand_inputs(3, (3, 4), (3, 4), 8, seed=4))
     assert not q.is_contiguous()
-    torch.library.opcheck(torch.ops.samhq.rel_pos_attention.default, (q, k, v, rh, rw, 0.3))
-    out, lse = torch.ops.samhq.rel_pos_attention(q, k, v, rh, rw, 0.3)
+    torch.library.opcheck(fwd.default, (q, k, v, rh, rw, 0.3))
+    out, lse = fwd(q, k, v, rh, rw, 0.3)
     dout = _strided(torch.randn_like(out))
-    torch.library.opcheck(
-        torch.ops.samhq.rel_pos_attention_backward.default, (dout, q, k, v, rh, rw, out, lse, 0.3)
-    )
-    for g in torch.ops.samhq.rel_pos_attention_backward(dout, q, k, v, rh, rw, out, lse, 0.3):
+    torch.library.opcheck(bwd.default, (dout, q, k, v, rh, rw, out, lse, 0.3))
+    for g in bwd(dout, q, k, v, rh, rw, out, lse, 0.3):
         assert g.is_contiguous()
 
 
