@@ -259,12 +259,14 @@ def sweep(results):
 # Narrow key grids (Wk <= 32: several grid rows per key tile) are the 076 suite's slow cases (NOTES.md).
 # Per kernel, the key-tile target BLOCK_N (R = BLOCK_N / WK_PAD grid rows per tile) and the query block.
 NARROW = [(7, 64), (14, 8), (32, 4), (48, 2)]
+# RH_SELECT: rel_h as R column loads + selects instead of a tile gather through shared memory (R > 1 only)
+_SELECT = [dict(BLOCK_M=64, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bn in (64, 128)]
 NARROW_CANDS = {
     "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
-            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)],
+            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
     "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (32, 64, 128)],
     "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
-           for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)],
+           for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
 }
 
 

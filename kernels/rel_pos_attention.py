@@ -137,16 +137,25 @@ def _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh, HK: tl.constexpr
 
 @triton.jit
 def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
-                   HK: tl.constexpr, R: tl.constexpr):
+                   HK: tl.constexpr, R: tl.constexpr, RH_SELECT: tl.constexpr):
     """s = qk * qk_scale + rw + rel_h[i, key row] for one key tile, log2 domain: [BLOCK_M, BLOCK_N].
 
     R == 1: the whole tile is grid row kh0, so rel_h is one value per query, prefetched one tile ahead
     (rh_next; returned refreshed for kh0 + 1: the pipeliner leaves that strided load synchronous, and
-    issued a tile early its latency hides behind the dots). R > 1: a [BLOCK_M, BLOCK_N] gather from L1.
+    issued a tile early its latency hides behind the dots). R > 1: a [BLOCK_M, BLOCK_N] gather, which
+    the pipeliner turns into an async copy through shared memory as large as the K and V tiles
+    together (fp32, TTGIR for sm_90); or, with RH_SELECT, R [BLOCK_M] column loads placed by key row
+    with R selects (no shared memory; an experiment for the narrow-grid sweep, off by default).
     """
     if R == 1:
         s = qk * qk_scale + rw + rh_next[:, None]
         rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0 + 1, HK)
+    elif RH_SELECT:
+        bias = rw
+        for r in tl.static_range(R):
+            rh_r = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0 + r, HK)
+            bias = tl.where((kh == kh0 + r)[None, :], rw + rh_r[:, None], bias)
+        s = qk * qk_scale + bias
     else:
         rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
                      mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
@@ -167,7 +176,7 @@ def _fwd_kernel(
     N_Q, qk_scale,  # qk_scale = scale * log2(e): scores live in the log2 domain
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, RH_SELECT: tl.constexpr = False,
 ):
     # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
     # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
@@ -210,7 +219,8 @@ def _fwd_kernel(
         kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
                      mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
-        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh, HK, R)
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+                                    HK, R, RH_SELECT)
         s = tl.where(n_ok[None, :], s, float("-inf"))
 
         # online softmax; every tile holds at least one real key, so m_new is finite
@@ -354,7 +364,7 @@ def _bwd_dq_kernel(
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, RH_SELECT: tl.constexpr = False,
 ):
     # Owns a query block, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
     # reduces them itself: no atomics, fixed order.
@@ -407,7 +417,8 @@ def _bwd_dq_kernel(
         vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
                      mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
-        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh, HK, R)
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+                                    HK, R, RH_SELECT)
         p = tl.math.exp2(s)
         p = tl.where(n_ok[None, :], p, 0.0)
         dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
@@ -548,7 +559,7 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
         lse.stride(0),
         n_q, scale * 1.4426950408889634,
         HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, D_PAD=_pad(d), DV_PAD=_pad(dv),
-        BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype),
+        BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), RH_SELECT=cfg.get("RH_SELECT", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
@@ -596,7 +607,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         *common, *dq.stride(), *drh.stride(), *drw.stride(),
         n_q, scale * 1.4426950408889634, scale,
         HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
-        BLOCK_M=cfg["BLOCK_M"], PREC=prec,
+        BLOCK_M=cfg["BLOCK_M"], PREC=prec, RH_SELECT=cfg.get("RH_SELECT", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return dq, dk, dv, drh, drw

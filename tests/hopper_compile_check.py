@@ -67,6 +67,18 @@ def main():
             for kernel, args, kwargs in launches:
                 compile_launch(kernel, args, kwargs)
             print(f"ok {dtype} {prec} grid={grid} d={d}: {len(launches)} kernels", flush=True)
+    # the narrow-grid experiment (RH_SELECT) must compile too, for the sweep that times it
+    for kname in ("fwd", "dq"):
+        K.CONFIG_FP32[kname] = dict(K.CONFIG_FP32[kname], RH_SELECT=True)
+    torch.set_float32_matmul_precision("high")
+    q, k, v = (torch.empty(2, 49, 64, device="meta") for _ in range(3))
+    rh, rw = (torch.empty(2, 49, 7, device="meta") for _ in range(2))
+    launches.clear()
+    out, lse = K.forward(q, k, v, rh, rw, 0.125)
+    K.backward(torch.empty_like(out), q, k, v, rh, rw, out, lse, 0.125)
+    for kernel, args, kwargs in launches:
+        compile_launch(kernel, args, kwargs)
+    print(f"ok RH_SELECT grid=7: {len(launches)} kernels", flush=True)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,21 @@ def test_other_tile_configs(monkeypatch, matmul_precision):
     run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, torch.float32), 1e-5)
 
 
+@pytest.mark.parametrize("mode", ["fp32-highest", "bf16"])
+def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
+    # RH_SELECT (narrow-grid experiment): rel_h as R column loads + selects instead of a tile gather;
+    # 7x7 runs R=8 rows per tile at this target (some past the grid), 4x20 R=2.
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    name = "CONFIG_FP32" if dtype == torch.float32 else "CONFIG"
+    cfg = {kname: dict(v) for kname, v in getattr(K, name).items()}
+    for kname in ("fwd", "dkdv", "dq"):
+        cfg[kname].update(BLOCK_N=64, RH_SELECT=True)
+    monkeypatch.setattr(K, name, cfg)
+    run_and_check(*make_inputs(2, 49, 7, 7, 64, 64, dtype, seed=6), tol)
+    run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, dtype, seed=7), tol)
+
+
 def test_unsupported_reason():
     q, k, v, rh, rw, _ = make_inputs(1, 12, 3, 4, 16, 16, torch.float32)
     assert K.unsupported_reason(q, k, v, rh, rw) is None
