@@ -52,33 +52,31 @@ def compile_launch(kernel, args, kwargs):
     triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def main():
-    # narrow grid (several grid rows per key tile), wide grid (one row per tile), ViT-H head dim
-    cases = [(torch.float32, "high", 7, 64), (torch.float32, "highest", 64, 64), (torch.bfloat16, "highest", 14, 80)]
-    for dtype, prec, grid, d in cases:
-        torch.set_float32_matmul_precision(prec)
-        if True:
-            b, n = 2, grid * grid
-            q, k, v = (torch.empty(b, n, d, device="meta", dtype=dtype) for _ in range(3))
-            rh, rw = (torch.empty(b, n, grid, device="meta", dtype=dtype) for _ in range(2))
-            launches.clear()
-            out, lse = K.forward(q, k, v, rh, rw, 0.125)
-            K.backward(torch.empty_like(out), q, k, v, rh, rw, out, lse, 0.125)
-            for kernel, args, kwargs in launches:
-                compile_launch(kernel, args, kwargs)
-            print(f"ok {dtype} {prec} grid={grid} d={d}: {len(launches)} kernels", flush=True)
-    # the narrow-grid experiment (RH_SELECT) must compile too, for the sweep that times it
-    for kname in ("fwd", "dq"):
-        K.CONFIG_FP32[kname] = dict(K.CONFIG_FP32[kname], RH_SELECT=True)
-    torch.set_float32_matmul_precision("high")
-    q, k, v = (torch.empty(2, 49, 64, device="meta") for _ in range(3))
-    rh, rw = (torch.empty(2, 49, 7, device="meta") for _ in range(2))
+def compile_case(dtype, prec, grid, d) -> int:
+    """Record every launch of forward + backward on meta tensors, compile each for sm_90; returns the count."""
+    torch.set_float32_matmul_precision(prec)
+    b, n = 2, grid * grid
+    q, k, v = (torch.empty(b, n, d, device="meta", dtype=dtype) for _ in range(3))
+    rh, rw = (torch.empty(b, n, grid, device="meta", dtype=dtype) for _ in range(2))
     launches.clear()
     out, lse = K.forward(q, k, v, rh, rw, 0.125)
     K.backward(torch.empty_like(out), q, k, v, rh, rw, out, lse, 0.125)
     for kernel, args, kwargs in launches:
         compile_launch(kernel, args, kwargs)
-    print(f"ok RH_SELECT grid=7: {len(launches)} kernels", flush=True)
+    return len(launches)
+
+
+def main():
+    # narrow grid (several grid rows per key tile), wide grid (one row per tile), ViT-H head dim
+    cases = [(torch.float32, "high", 7, 64), (torch.float32, "highest", 64, 64), (torch.bfloat16, "highest", 14, 80)]
+    for dtype, prec, grid, d in cases:
+        n = compile_case(dtype, prec, grid, d)
+        print(f"ok {dtype} {prec} grid={grid} d={d}: {n} kernels", flush=True)
+    # the narrow-grid experiment (RH_SELECT) must compile too, for the sweep that times it
+    for kname in ("fwd", "dq"):
+        K.CONFIG_FP32[kname] = dict(K.CONFIG_FP32[kname], RH_SELECT=True)
+    n = compile_case(torch.float32, "high", 7, 64)
+    print(f"ok RH_SELECT grid=7: {n} kernels", flush=True)
 
 
 if __name__ == "__main__":
