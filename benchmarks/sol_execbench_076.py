@@ -84,14 +84,14 @@ IMPLS = ("eager", "eager-sdpa", "inductor", "inductor-reduce-overhead", "flex", 
          "samhq-triton-op", "inductor-max-autotune")  # the slowest to compile last, so a budget cut loses it first
 IMPL_GROUPS = {"all": IMPLS, "fast": tuple(i for i in IMPLS if i != "inductor-max-autotune")}
 CUDAGRAPH_IMPLS = ("inductor-reduce-overhead", "samhq-reduce-overhead")
-# (backend, mode) for the implementations that compile sol076.attention_layer itself (options: build_layer)
+# (backend, mode, options) for the implementations that compile sol076.attention_layer itself
 COMPILED = {
-    "inductor": ("inductor", None),
-    "inductor-max-autotune": ("inductor", "max-autotune-no-cudagraphs"),
-    "inductor-reduce-overhead": ("inductor", "reduce-overhead"),
-    "samhq": ("samhq", None),
-    "samhq-reduce-overhead": ("samhq", "reduce-overhead"),
-    "samhq-triton-op": ("samhq", None),
+    "inductor": ("inductor", None, None),
+    "inductor-max-autotune": ("inductor", "max-autotune-no-cudagraphs", None),
+    "inductor-reduce-overhead": ("inductor", "reduce-overhead", None),
+    "samhq": ("samhq", None, None),
+    "samhq-reduce-overhead": ("samhq", "reduce-overhead", None),
+    "samhq-triton-op": ("samhq", None, {"samhq.triton_op": True}),
 }
 PRECISIONS = ("highest", "high", "medium")
 # CI smoke: the smallest benchmark workload (one: on a 2-core CPU Inductor needs ~15-25 s per workload), and a
@@ -160,8 +160,7 @@ def build_layer(impl: str):
     if impl == "flex":
         return torch.compile(flex_layer, dynamic=False)
     if impl in COMPILED:
-        backend, mode = COMPILED[impl]
-        options = {"samhq.triton_op": True} if impl == "samhq-triton-op" else None
+        backend, mode, options = COMPILED[impl]
         return torch.compile(sol076.attention_layer, backend=backend, mode=mode, options=options, dynamic=False)
     raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
 
