@@ -193,29 +193,6 @@ def _opaque(fn):
     return run
 
 
-# Two registrations of the same op, chosen per compile by the rewrite (backend option samhq.triton_op):
-#   samhq::rel_pos_attention            opaque custom op: the compiled graph (and its CUDA graph) calls it,
-#                                       it launches the kernels through Triton. The default.
-#   samhq::rel_pos_attention_inductor   torch.library.triton_op: Inductor traces into it and compiles and
-#                                       launches the kernels from its own generated code. The kernels then
-#                                       specialise on the key grid at compile time, so the rewrite leaves
-#                                       dynamic grids alone in that mode.
-# Each has its own backward op, so autograd never mixes the two.
-rel_pos_attention_op = torch.library.custom_op(
-    "samhq::rel_pos_attention", mutates_args=(), schema=_FWD_SCHEMA
-)(_opaque(_fwd_impl))
-rel_pos_attention_op.register_fake(_fwd_fake)
-rel_pos_attention_backward_op = torch.library.custom_op(
-    "samhq::rel_pos_attention_backward", mutates_args=(), schema=_BWD_SCHEMA
-)(_opaque(_bwd_impl))
-rel_pos_attention_backward_op.register_fake(_bwd_fake)
-
-HAS_INDUCTOR_VARIANT = _kernels is not None
-if HAS_INDUCTOR_VARIANT:
-    rel_pos_attention_inductor_op = _define_op("samhq::rel_pos_attention_inductor", mutates_args=())(_fwd_impl)
-    _define_op("samhq::rel_pos_attention_inductor_backward", mutates_args=())(_bwd_impl)
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, rel_h, rel_w, scale = inputs
     out, lse = output
@@ -232,10 +209,30 @@ def _autograd_via(backward_op):
     return backward
 
 
+# Two registrations of the same op, chosen per compile by the rewrite (backend option samhq.triton_op):
+#   samhq::rel_pos_attention            opaque custom op: the compiled graph (and its CUDA graph) calls it,
+#                                       it launches the kernels through Triton. The default.
+#   samhq::rel_pos_attention_inductor   torch.library.triton_op: Inductor traces into it and compiles and
+#                                       launches the kernels from its own generated code. The kernels then
+#                                       specialise on the key grid at compile time, so the rewrite leaves
+#                                       dynamic grids alone in that mode.
+# Each has its own backward op, so autograd never mixes the two.
+rel_pos_attention_op = torch.library.custom_op(
+    "samhq::rel_pos_attention", mutates_args=(), schema=_FWD_SCHEMA
+)(_opaque(_fwd_impl))
+rel_pos_attention_op.register_fake(_fwd_fake)
+rel_pos_attention_backward_op = torch.library.custom_op(
+    "samhq::rel_pos_attention_backward", mutates_args=(), schema=_BWD_SCHEMA
+)(_opaque(_bwd_impl))
+rel_pos_attention_backward_op.register_fake(_bwd_fake)
 rel_pos_attention_op.register_autograd(
     _autograd_via(torch.ops.samhq.rel_pos_attention_backward.default), setup_context=_setup_context
 )
+
+HAS_INDUCTOR_VARIANT = _kernels is not None
 if HAS_INDUCTOR_VARIANT:
+    rel_pos_attention_inductor_op = _define_op("samhq::rel_pos_attention_inductor", mutates_args=())(_fwd_impl)
+    _define_op("samhq::rel_pos_attention_inductor_backward", mutates_args=())(_bwd_impl)
     rel_pos_attention_inductor_op.register_autograd(
         _autograd_via(torch.ops.samhq.rel_pos_attention_inductor_backward.default), setup_context=_setup_context
     )
