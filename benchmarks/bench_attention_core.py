@@ -6,7 +6,7 @@ SAM-B global layer: batch 1 x 12 heads, 64x64 grid (N = 4096), head_dim 64, in o
   (b) FlexAttention (torch.compile'd) with a score_mod reading captured rel_h / rel_w (grads too);
   (c) our Triton kernels (samhq_fx.kernels.rel_pos_attention forward + backward).
 Modes: bf16, fp32 with TF32 ("high"), fp32 "highest". Then our kernels alone on the SOL-ExecBench
-L2/076 attention shapes (fp32 "high" and "medium"), and optionally a block-config sweep (--sweep).
+L2/076 attention shapes (fp32 "high"; "medium" runs the same TF32 kernels), and optionally a block-config sweep (--sweep).
 
 Timing: triton.testing.do_bench, median, warm-up 25 ms / rep 100 ms, L2 flushed before each call by
 do_bench, over replays of a CUDA graph of the call (GPU time; the eager column times plain calls and so
@@ -40,7 +40,7 @@ except ImportError:  # run from the repo root without the package installed
 
 HEADS, D = 12, 64
 MODES = {"bf16": (torch.bfloat16, "highest"), "fp32-tf32": (torch.float32, "high"),
-         "fp32-highest": (torch.float32, "highest"), "fp32-medium": (torch.float32, "medium")}
+         "fp32-highest": (torch.float32, "highest")}
 # SOL-ExecBench L2/076 workloads: (grid side, batch); see shared/reference/sol_execbench_076.md
 SOL = [(7, 1), (7, 64), (14, 1), (14, 2), (14, 8), (16, 1), (16, 32), (28, 4), (32, 1), (32, 2),
        (32, 4), (32, 8), (48, 1), (48, 2), (56, 1), (64, 4)]
@@ -200,7 +200,7 @@ def sam_b_global(results, skip_baselines):
 def sol_shapes(results):
     rows = []
     scale = D ** -0.5
-    for mode in ("fp32-tf32", "fp32-medium"):
+    for mode in ("fp32-tf32",):  # "medium" runs the same TF32 kernels as "high"
         dtype, prec = MODES[mode]
         torch.set_float32_matmul_precision(prec)
         for side, batch in SOL:
@@ -346,7 +346,7 @@ def main():
         extra = f"{r['fwd_ms']:>8.3f}{r['bwd_ms']:>8.3f}" if "fwd_ms" in r else ""
         print(f"{r['mode']:<13}{r['impl']:<14}{r['ms']:>8.3f}{r['eager_ms']:>8.3f}{r['peak_gb']:>9.3f}"
               f"{r['tflops']:>9.1f}{extra}")
-    for mode in ("fp32-tf32", "fp32-medium"):
+    for mode in ("fp32-tf32",):
         ms = [r["ms"] for r in sol if r["mode"] == mode]
         if ms:
             print(f"SOL-076 attention core, ours, {mode}: mean {sum(ms) / len(ms) * 1e3:.1f} us over {len(ms)} "

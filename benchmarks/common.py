@@ -76,7 +76,7 @@ def env_info() -> dict:
 
 
 def set_precision(precision: str) -> None:
-    """float32 matmul precision: 'highest' (true fp32), 'high' (TF32), 'medium' (may use bf16)."""
+    """float32 matmul precision: 'highest' (true fp32), 'high' (TF32), 'medium' (TF32 on CUDA too)."""
     torch.set_float32_matmul_precision(precision)
 
 
