@@ -11,10 +11,12 @@ What lives here, once:
     span = last end - first start of those records (kernels, memcpy and memset);
   * wall time per call from CUDA events (`wall_times`), or perf_counter on CPU;
   * the time budget (`Budget`), JSON writing/merging (`write_json`, `load_rows`), and a plain-text table;
-  * parallel cache warming (`warm_caches`): compiling is CPU-bound and single-threaded per process, timing
-    must be serial; so first compile every cell in N subprocesses (one shard of cells each, 1 call, no
-    timing), which fills Inductor's on-disk caches (FX graph, AOT autograd, Triton), then time the cells
-    one by one in this process, where each compile is a cache hit.
+  * several GPUs of one host (`--gpus N`, `run_on_gpus`): the cells are split by estimated cost into N
+    shares, each timed serially by its own process pinned to one GPU (CUDA_VISIBLE_DEVICES), and the rows
+    merged. Compiling is CPU-bound and single-threaded per process, so N GPUs give ~N times the cells per
+    hour (session 3: two H200s of one host, one precision each, ~116 cells per GPU in ~18 minutes).
+    Warming the compile caches in many parallel processes first was tried and lost: 24 processes on 32
+    cores all ran out of time (benchmarks/NOTES.md, session 3).
 """
 
 from __future__ import annotations
@@ -253,13 +255,13 @@ class Budget:
         self.seen.add(kind)
 
 
-def add_cell_args(ap, cell_form: str, warm_timeout: float) -> None:
-    """--warm-jobs / --warm-timeout / --cells, shared by the benchmark scripts (cell_form: 'a/b/c')."""
-    ap.add_argument("--warm-jobs", type=int, default=0,
-                    help="first compile every cell in this many parallel processes (hot caches for the timed pass)")
-    ap.add_argument("--warm-timeout", type=float, default=warm_timeout, help="seconds the warm-up processes may take")
+def add_cell_args(ap, cell_form: str) -> None:
+    """--gpus / --cells, shared by the benchmark scripts (cell_form: 'a/b/c')."""
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="time on this many GPUs of this host at once: one process per GPU, each with a share of "
+                         "the cells (split by estimated cost), rows merged into one results file")
     ap.add_argument("--cells", default=None,
-                    help=f"only these cells, '{cell_form};...' (what --warm-jobs hands each process)")
+                    help=f"only these cells, '{cell_form};...' (what --gpus hands each process)")
 
 
 def parse_cells(ap, spec: str | None, cell_form: str) -> tuple[list[tuple[str, str, str]], list[str]] | None:
@@ -270,16 +272,6 @@ def parse_cells(ap, spec: str | None, cell_form: str) -> tuple[list[tuple[str, s
     if not cells or any(len(c) != 3 for c in cells):
         ap.error(f"--cells wants '{cell_form}' items separated by ';'")
     return cells, [",".join(dict.fromkeys(c[i] for c in cells)) for i in range(3)]
-
-
-def warm_cells(script: str, cells: Sequence[str], cost: Callable[[str], float], args, extra_args: Sequence[str],
-               t0: float | None = None) -> None:
-    """warm_caches over cells ('a/b/c' strings) split into args.warm_jobs shards, logs in a temp folder."""
-    import tempfile
-
-    name = os.path.splitext(os.path.basename(script))[0]
-    warm_caches(script, shard(cells, cost, args.warm_jobs), extra_args, args.warm_timeout,
-                tempfile.mkdtemp(prefix=f"{name}_warm_"), t0)
 
 
 def shard(cells: Sequence[str], cost: Callable[[str], float], n: int) -> list[list[str]]:
@@ -293,32 +285,54 @@ def shard(cells: Sequence[str], cost: Callable[[str], float], n: int) -> list[li
     return [s for s in shards if s]
 
 
-def warm_caches(script: str, shards: list[list[str]], extra_args: Sequence[str], timeout: float,
-                log_dir: str, t0: float | None = None) -> None:
-    """Run `script --cells <shard> *extra_args` for every shard at once; wait up to `timeout` seconds.
+def shard_groups(cells: Sequence[str], cost: Callable[[str], float], n: int,
+                 group: Callable[[str], str]) -> list[list[str]]:
+    """shard(), keeping cells with the same group(cell) together (e.g. one workload's reference data is built
+    once per process); cells keep their order inside a shard."""
+    groups: dict[str, list[str]] = {}
+    for c in cells:
+        groups.setdefault(group(c), []).append(c)
+    shards = shard(list(groups), lambda g: sum(map(cost, groups[g])), n)
+    return [[c for g in sorted(s, key=list(groups).index) for c in groups[g]] for s in shards]
 
-    A shard that fails or runs out of time only means colder caches for the timed pass, never a wrong
-    number: its results are thrown away (each subprocess writes into its own folder under log_dir)."""
-    os.makedirs(log_dir, exist_ok=True)
+
+def usable_gpus(requested: int, device: torch.device, t0: float | None = None) -> int:
+    """--gpus, capped at the GPUs this process can see (1 on CPU), with a line saying so when capped."""
+    have = torch.cuda.device_count() if device.type == "cuda" else 1
+    if requested > have:
+        log(f"--gpus {requested}: only {have} {'GPU' if device.type == 'cuda' else 'device (CPU)'} visible; using {have}", t0)
+    return max(1, min(requested, have))
+
+
+def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str], results_name: str,
+                timeout: float | None, t0: float | None = None) -> list[dict]:
+    """Run `script --cells <shard k> --out <tmp>/gpu<k> *extra_args` with CUDA_VISIBLE_DEVICES=k, all shards at
+    once, and return the union of the rows they wrote. Their progress lines go to this process's stdout.
+
+    Each process saves its results file after every cell, so a process that fails or is stopped at `timeout`
+    seconds still contributes the cells it finished; the caller reports the rest as not run."""
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(script))[0] + "_gpus_")
     procs = []
     for k, cells in enumerate(shards):
-        out = os.path.join(log_dir, f"warm{k}")
-        log_f = open(os.path.join(log_dir, f"warm{k}.log"), "w")
-        cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", out, *extra_args]
-        procs.append((subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True), log_f))
-    log(f"warming caches: {sum(map(len, shards))} cells in {len(shards)} processes (logs: {log_dir})", t0)
-    deadline = time.perf_counter() + timeout
-    for k, (proc, log_f) in enumerate(procs):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(k))
+        cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", os.path.join(tmp, f"gpu{k}"), *extra_args]
+        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+    log(f"{sum(map(len, shards))} cells on {len(shards)} GPUs: " + ", ".join(f"GPU {k}: {len(s)}" for k, s in enumerate(shards)), t0)
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    rows: list[dict] = []
+    for k, proc in enumerate(procs):
         try:
-            rc = proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+            rc = proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
             rc = "timeout"
-        log_f.close()
         if rc != 0:
-            log(f"warm shard {k} ({len(shards[k])} cells) ended with {rc}; its cells compile cold", t0)
-    log("caches warm", t0)
+            log(f"GPU {k}'s process ended with {rc}; its finished cells are kept", t0)
+        rows += load_rows(os.path.join(tmp, f"gpu{k}", results_name))
+    return rows
 
 
 def load_rows(path: str | None) -> list[dict]:

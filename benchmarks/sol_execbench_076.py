@@ -51,6 +51,8 @@ if its estimate -- the longest earlier cell of that implementation -- still fits
   python benchmarks/sol_execbench_076.py --resume benchmarks/results/sol076.json   # run only the missing
                                                                 # cells; repeat until "remaining: 0"
   python benchmarks/sol_execbench_076.py --precision all ...    # highest, high, medium
+  python benchmarks/sol_execbench_076.py --gpus 2 ...           # split the cells over 2 GPUs of this host (one
+                                                                # process each, timed at the same time, merged)
   --impls fast drops inductor-max-autotune (the slowest to compile).
 Results are written after every cell (a killed run keeps what it finished): <out>/sol076.json, a chart per
 precision <out>/sol076_<precision>.png (matplotlib, if importable), and a table printed last;
@@ -372,7 +374,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: workload 7x7x1, impls eager,inductor,samhq, 1 warm-up + 1 timed call")
-    common.add_cell_args(ap, "precision/HxWxB/impl", warm_timeout=300.0)
+    common.add_cell_args(ap, "precision/HxWxB/impl")
     args = ap.parse_args(argv)
     parsed = common.parse_cells(ap, args.cells, "precision/HxWxB/impl")
     if parsed:
@@ -394,6 +396,7 @@ def main(argv=None) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     budget = common.Budget(args.time_budget, PRIORS)
     t0 = budget.t0
+    args.gpus = common.usable_gpus(args.gpus, device, t0)
     env = common.env_info()
     common.log(f"sol076 on {env['device']}: torch {env['torch']}, triton {env['triton']}; "
                f"{len(args.workloads)} workloads x {len(args.impls)} impls x {len(args.precision)} precisions; "
@@ -409,7 +412,7 @@ def main(argv=None) -> dict:
     path = os.path.join(args.out, RESULTS_NAME)
     method = __doc__[__doc__.index("What is compiled"):__doc__.index("Run time:")].strip()
     config = {k: getattr(args, k) for k in ("iters", "warmup", "input_sets", "profile", "flush", "time_budget", "quick",
-                                            "warm_jobs")}
+                                            "gpus")}
     config.update(l2_flush_bytes=flusher.nbytes, impls=list(args.impls), precisions=list(args.precision),
                   workloads=[wl_name(w) for w in args.workloads], rtol=sol076.RTOL)
 
@@ -420,13 +423,22 @@ def main(argv=None) -> dict:
         common.write_json(path, payload)
         return payload
 
-    if args.warm_jobs > 0 and device.type == "cuda":
-        cells = [f"{p}/{wl_name(w)}/{i}" for p in args.precision for w in args.workloads for i in args.impls
-                 if i not in ("eager", "eager-sdpa") and (p, wl_name(w), i) not in done]
-        extra = ["--iters", "1", "--warmup", "1", "--input-sets", "1", "--no-profile", "--no-chart",
-                 "--time-budget", "0", "--device", device.type]
-        common.warm_cells(os.path.abspath(__file__), cells, lambda c: PRIORS[c.split("/")[2]], args, extra, t0)
-        config["compile_s"] = "with caches warmed by --warm-jobs (cache-hit compile, not cold)"
+    if args.gpus > 1:
+        todo = [(p, wl_name(w), i) for p in args.precision for w in args.workloads for i in args.impls
+                if (p, wl_name(w), i) not in done and (not args.cells or (p, wl_name(w), i) in args.cells)]
+        child = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--input-sets", str(args.input_sets),
+                 "--time-budget", str(args.time_budget), "--no-chart", "--device", "cuda"]
+        child += ([] if args.profile else ["--no-profile"]) + ([] if args.flush else ["--no-flush"])
+        # one workload's cells stay on one GPU: its inputs and float64 reference are built once there
+        shares = common.shard_groups(["/".join(c) for c in todo], lambda c: PRIORS[c.split("/")[2]], args.gpus,
+                                     group=lambda c: c.rsplit("/", 1)[0])
+        got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
+                                 timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
+        rows += got
+        finished = {(r["precision"], r["workload"], r["impl"]) for r in got}
+        skipped += [dict(zip(("precision", "workload", "impl"), c)) for c in todo if c not in finished]
+        done.update({c: None for c in todo})  # every cell had its GPU: nothing left for the serial loop below
+        save()
 
     for prec in args.precision:
         for wl, atol in args.workloads.items():

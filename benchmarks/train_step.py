@@ -40,6 +40,7 @@ Measurements per (dtype, batch, impl) cell:
 
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 5 impls, 480 s budget
   python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
+  python benchmarks/train_step.py --gpus 2                # cells split over 2 GPUs of this host, timed at once
   python benchmarks/train_step.py --quick                 # CPU smoke test (tiny model), used in CI
 Writes <out>/train_step.json after every cell, <out>/train_step.png (if matplotlib), and a table last.
 """
@@ -229,7 +230,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: tiny config, batch 1, tf32, eager-eager + samhq-eager, 1 warm-up + 1 step")
-    common.add_cell_args(ap, "dtype/batch/impl", warm_timeout=420.0)
+    common.add_cell_args(ap, "dtype/batch/impl")
     args = ap.parse_args(argv)
     parsed = common.parse_cells(ap, args.cells, "dtype/batch/impl")
     if parsed:
@@ -254,6 +255,7 @@ def main(argv=None) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     budget = common.Budget(args.time_budget, PRIORS)
     t0 = budget.t0
+    args.gpus = common.usable_gpus(args.gpus, device, t0)
     env = common.env_info()
     common.log(f"train_step on {env['device']}: torch {env['torch']}, transformers {env['transformers']}; "
                f"impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
@@ -267,7 +269,7 @@ def main(argv=None) -> dict:
     skipped: list[dict] = []
     path = os.path.join(args.out, RESULTS_NAME)
     method = __doc__[__doc__.index("One step ="):__doc__.index("  python benchmarks")].strip()
-    config = {"steps": args.steps, "warmup": args.warmup, "quick": args.quick, "profile": args.profile,
+    config = {"steps": args.steps, "warmup": args.warmup, "quick": args.quick, "profile": args.profile, "gpus": args.gpus,
               "attention_regex": attn_re.pattern, "model_config": QUICK_CONFIG if args.quick else "SamHQVisionConfig()"}
 
     def save():
@@ -277,13 +279,19 @@ def main(argv=None) -> dict:
         common.write_json(path, payload)
         return payload
 
-    if args.warm_jobs > 0 and device.type == "cuda":
-        cells = [f"{d}/{b}/{i}" for d in args.dtype for b in args.batch for i in args.impls
-                 if IMPLS[i][1] and (i, b, d) not in done]
-        extra = ["--steps", "1", "--warmup", "1", "--no-profile", "--no-chart", "--time-budget", "0",
-                 "--device", device.type]
-        common.warm_cells(os.path.abspath(__file__), cells, lambda c: PRIORS[c.split("/")[2]], args, extra, t0)
-        config["compile_s"] = "with caches warmed by --warm-jobs (cache-hit compile, not cold)"
+    if args.gpus > 1:
+        todo = [(i, b, d) for d in args.dtype for b in args.batch for i in args.impls
+                if (i, b, d) not in done and (not args.cells or (i, b, d) in args.cells)]
+        child = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
+                 "--no-chart", "--device", "cuda"] + ([] if args.profile else ["--no-profile"])
+        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: PRIORS[c.split("/")[2]], args.gpus)
+        got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
+                                 timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
+        rows += got
+        finished = {(r["impl"], r["batch"], r["dtype"]) for r in got}
+        skipped += [{"impl": i, "batch": b, "dtype": d} for i, b, d in todo if (i, b, d) not in finished]
+        done.update({c: None for c in todo})  # every cell had its GPU: nothing left for the serial loop below
+        save()
 
     for dtype in args.dtype:
         if dtype == "bf16" and device.type == "cpu":

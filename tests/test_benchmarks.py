@@ -63,7 +63,7 @@ def test_parse_args():
     assert bench.parse_args([]).precision == ("high",)
     with pytest.raises(SystemExit):
         bench.parse_args(["--workloads", "5x5x5"])
-    # --cells (one warm-up shard): exactly those cells, the loops cover their union
+    # --cells (one GPU's share under --gpus): exactly those cells, the loops cover their union
     c = bench.parse_args(["--cells", "high/7x7x1/samhq;medium/64x64x4/flex"])
     assert c.cells == {("high", "7x7x1", "samhq"), ("medium", "64x64x4", "flex")}
     assert c.precision == ("high", "medium") and set(c.impls) == {"samhq", "flex"}
@@ -77,6 +77,38 @@ def test_shard_balances_cost():
     assert sorted(c for s in shards for c in s) == list("abcdef")  # every cell exactly once
     assert ["a"] in shards  # the 90 s cell alone; the rest spread over the other two
     assert common.shard(["a"], cost, 4) == [["a"]]
+
+
+def test_shard_groups_keeps_a_workload_on_one_gpu():
+    cells = ["high/7x7x1/eager", "high/7x7x1/samhq", "high/64x64x4/eager", "high/64x64x4/samhq", "medium/7x7x1/flex"]
+    cost = {"eager": 3, "samhq": 20, "flex": 30}
+    shares = common.shard_groups(cells, lambda c: cost[c.split("/")[2]], 2, group=lambda c: c.rsplit("/", 1)[0])
+    assert sorted(c for s in shares for c in s) == sorted(cells)
+    for wl in ("high/7x7x1", "high/64x64x4"):
+        assert sum(any(c.startswith(wl + "/") for c in s) for s in shares) == 1  # not split over GPUs
+    assert ["medium/7x7x1/flex"] in shares  # 30 s alone; the two 23 s workloads together
+    assert common.shard_groups(cells, lambda c: 1.0, 1, group=lambda c: c) == [cells]  # one GPU: order kept
+
+
+def test_run_on_gpus_merges_each_gpus_rows(tmp_path):
+    """Each share runs in its own process with CUDA_VISIBLE_DEVICES = its index; rows come back merged, and a
+    process that dies keeps what it saved (checked with a stand-in script, so no GPU is needed)."""
+    script = tmp_path / "fake_bench.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "a = sys.argv[1:]; cells = a[a.index('--cells') + 1].split(';'); out = a[a.index('--out') + 1]\n"
+        "os.makedirs(out)\n"
+        "rows = [{'cell': c, 'gpu': os.environ['CUDA_VISIBLE_DEVICES'], 'extra': a[-1]} for c in cells if c != 'crash']\n"
+        "json.dump({'results': rows}, open(os.path.join(out, 'r.json'), 'w'))\n"
+        "sys.exit(3 if 'crash' in cells else 0)\n")
+    rows = common.run_on_gpus(str(script), [["a", "b"], ["c", "crash"]], ["--flag"], "r.json", timeout=60)
+    assert sorted((r["cell"], r["gpu"], r["extra"]) for r in rows) == [
+        ("a", "0", "--flag"), ("b", "0", "--flag"), ("c", "1", "--flag")]
+
+
+def test_gpus_capped_at_visible_devices():
+    assert common.usable_gpus(4, torch.device("cpu")) == 1
+    assert common.usable_gpus(1, torch.device("cpu")) == 1
 
 
 def test_sol076_cells_runs_only_those(tmp_path):
