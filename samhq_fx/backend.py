@@ -13,8 +13,11 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.rewrite      bool, default True   False: plain Inductor            (SAMHQ_FX_DISABLE=1)
     samhq.dump_dir     str, default None    write graphs + match report here (SAMHQ_FX_DUMP_DIR)
     samhq.min_seq_len  int, default 1       leave attention over fewer keys alone (SAMHQ_FX_MIN_SEQ_LEN)
-    samhq.triton_op    bool, default False  True: emit the op's torch.library.triton_op registration, whose
-                                            kernels Inductor compiles and launches itself (SAMHQ_FX_TRITON_OP=1)
+    samhq.triton_op    bool or "auto",      True: emit the op's torch.library.triton_op registration, whose
+                       default False        kernels Inductor compiles and launches itself; static key grids
+                                            only (SAMHQ_FX_TRITON_OP=1). "auto": that registration where the
+                                            grid is static, the opaque op where it is symbolic
+                                            (SAMHQ_FX_TRITON_OP=auto)
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
@@ -40,8 +43,9 @@ def _env_defaults() -> dict[str, Any]:
         env["samhq.rewrite"] = False
     if os.environ.get("SAMHQ_FX_DUMP_DIR"):
         env["samhq.dump_dir"] = os.environ["SAMHQ_FX_DUMP_DIR"]
-    if os.environ.get("SAMHQ_FX_TRITON_OP", "0") not in ("", "0"):
-        env["samhq.triton_op"] = True
+    triton_op = os.environ.get("SAMHQ_FX_TRITON_OP", "0")
+    if triton_op not in ("", "0"):
+        env["samhq.triton_op"] = "auto" if triton_op == "auto" else True
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
@@ -58,6 +62,9 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
             ours[key] = val
         else:
             inductor[key] = val
+    if ours["samhq.triton_op"] not in (True, False, "auto"):
+        raise ValueError(f"samhq backend: options['samhq.triton_op'] must be True, False or 'auto', "
+                         f"got {ours['samhq.triton_op']!r}")
     return ours, inductor
 
 

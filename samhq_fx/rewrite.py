@@ -148,10 +148,12 @@ def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
 class RelPosAttentionPass(CustomGraphPass):
     """Inductor pre-grad pass: fuse every rel-pos attention of the graph it is given."""
 
-    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool = False):
+    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False):
         self.min_seq_len = int(min_seq_len)
         self.dump_dir = dump_dir
-        self.triton_op = bool(triton_op)  # emit the triton_op registration (op.py) instead of the opaque op
+        # which registration of the op (op.py) to emit: False the opaque op, True the triton_op one,
+        # "auto" the triton_op one for static key grids and the opaque op for symbolic ones
+        self.triton_op = "auto" if triton_op == "auto" else bool(triton_op)
         # Only plain data here: Inductor deep-copies its config, this pass included (torch 2.11).
         self._done: set[int] = set()
 
@@ -162,13 +164,13 @@ class RelPosAttentionPass(CustomGraphPass):
             return
         self._done.add(id(graph))
         before = debug.graph_source(graph) if self.dump_dir else None
-        fused_op = op.fused_op(self.triton_op)
         # Inductor compiles the triton_op's kernels with the grid as a constant: static grids only.
-        dynamic_grid = fused_op is torch.ops.samhq.rel_pos_attention.default
+        dynamic_grid = op.fused_op(self.triton_op is True) is torch.ops.samhq.rel_pos_attention.default
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
         for cand in candidates:
             if cand.match is not None:
-                apply_match(graph, cand.match, fused_op)
+                static = all(map(is_static, cand.match.grid))
+                apply_match(graph, cand.match, op.fused_op(self.triton_op is True or (self.triton_op == "auto" and static)))
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused

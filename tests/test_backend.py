@@ -53,12 +53,15 @@ def test_mode_and_options_pass_through_to_inductor(monkeypatch):
     assert seen == {"epilogue_fusion": False}
     with pytest.raises(ValueError, match="unknown option 'samhq.dump'"):
         samhq_backend(gm, [torch.ones(2)], options={"samhq.dump": "x"})
+    with pytest.raises(ValueError, match=r"options\['samhq.triton_op'\] must be True, False or 'auto', got 'yes'"):
+        samhq_backend(gm, [torch.ones(2)], options={"samhq.triton_op": "yes"})
 
 
 def test_pass_uuid_is_stable_and_keyed_on_settings():
     assert RelPosAttentionPass().uuid() == RelPosAttentionPass().uuid()
     assert RelPosAttentionPass(min_seq_len=1).uuid() != RelPosAttentionPass(min_seq_len=64).uuid()
-    assert RelPosAttentionPass(triton_op=False).uuid() != RelPosAttentionPass(triton_op=True).uuid()
+    uuids = {RelPosAttentionPass(triton_op=t).uuid() for t in (False, True, "auto")}
+    assert len(uuids) == 3
 
 
 def _attention_region(src: str) -> str:
@@ -248,6 +251,25 @@ def test_triton_op_option_emits_the_inductor_compiled_registration(tmp_path):
     ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
     for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
         assert rel_err(g, r) < 1e-5, name
+
+
+def test_triton_op_auto_picks_the_registration_per_grid(tmp_path):
+    # "auto": the triton_op registration for a static key grid (graph 1, 4x4), the opaque op once Dynamo
+    # recompiles with symbolic H, W (graph 2, 5x6), which the triton_op one cannot take.
+    fresh_compile_state()
+    layer = torch.compile(sol076.attention_layer, backend="samhq",
+                          options={"samhq.triton_op": "auto", "samhq.dump_dir": str(tmp_path)})
+    for i, (h, w) in enumerate([(4, 4), (5, 6)]):
+        grad_output, *inputs = sol076.make_inputs(h, w, 2, generator=torch.Generator().manual_seed(i))
+        got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
+        ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+        ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+        for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+            assert rel_err(g, r) < 1e-5, (h, w, name)
+    assert counters["samhq"]["graphs"] == 2 and counters["samhq"]["fused"] == 2
+    assert "samhq.rel_pos_attention_inductor.default" in (tmp_path / "graph_1_after.py").read_text()
+    second = (tmp_path / "graph_2_after.py").read_text()
+    assert "samhq.rel_pos_attention.default" in second and "rel_pos_attention_inductor" not in second
 
 
 def test_pass_survives_deepcopy_after_running():
