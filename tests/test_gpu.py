@@ -7,6 +7,8 @@ Skipped without CUDA (conftest). A SAM-HQ vision model with head_dim 64 (as ViT-
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,9 @@ from torch._dynamo.utils import counters
 from samhq_fx.models import random_init_, tiny_vision_config
 
 from helpers import fresh_compile_state, rel_err
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import sol076  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -89,6 +94,24 @@ def test_triton_op_variant_matches_float64(no_fallback):
         assert rel_err(out, ref) < 2e-2
         for name, g in grads.items():
             assert rel_err(g, ref_grads[name]) < 1e-1, name
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+def test_triton_op_auto_across_image_sizes_matches_float64(no_fallback):
+    # "auto": Inductor-launched kernels for the static first size, the opaque op once sizes are symbolic
+    fresh_compile_state()
+    torch.set_float32_matmul_precision("high")
+    try:
+        layer = torch.compile(sol076.attention_layer, backend="samhq", options={"samhq.triton_op": "auto"})
+        for i, (h, w) in enumerate([(14, 14), (16, 12), (9, 20)]):
+            grad_output, *inputs = sol076.make_inputs(h, w, 2, device="cuda", generator=torch.Generator().manual_seed(i))
+            got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
+            ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+            ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+            for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+                assert rel_err(g, r) < 1e-2, (h, w, name)
+        assert counters["samhq"]["graphs"] == 2 and counters["samhq"]["fused"] == 2
     finally:
         torch.set_float32_matmul_precision("highest")
 
