@@ -318,7 +318,8 @@ def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str],
     for k, cells in enumerate(shards):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(k))
         cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", os.path.join(tmp, f"gpu{k}"), *extra_args]
-        procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        # same session as this process: whoever stops this run (a job's timeout, a machine's cleanup) stops them too
+        procs.append(subprocess.Popen(cmd, env=env))
     log(f"{sum(map(len, shards))} cells on {len(shards)} GPUs: " + ", ".join(f"GPU {k}: {len(s)}" for k, s in enumerate(shards)), t0)
     deadline = None if timeout is None else time.perf_counter() + timeout
     rows: list[dict] = []
@@ -326,7 +327,7 @@ def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str],
         try:
             rc = proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            proc.kill()
             proc.wait()
             rc = "timeout"
         if rc != 0:
