@@ -100,10 +100,14 @@ def test_run_on_gpus_merges_each_gpus_rows(tmp_path):
         "os.makedirs(out)\n"
         "rows = [{'cell': c, 'gpu': os.environ['CUDA_VISIBLE_DEVICES'], 'extra': a[-1]} for c in cells if c != 'crash']\n"
         "json.dump({'results': rows}, open(os.path.join(out, 'r.json'), 'w'))\n"
+        "if 'hang' in cells: import time; time.sleep(60)\n"
         "sys.exit(3 if 'crash' in cells else 0)\n")
     rows = common.run_on_gpus(str(script), [["a", "b"], ["c", "crash"]], ["--flag"], "r.json", timeout=60)
     assert sorted((r["cell"], r["gpu"], r["extra"]) for r in rows) == [
         ("a", "0", "--flag"), ("b", "0", "--flag"), ("c", "1", "--flag")]
+    # a process still running at the timeout is stopped; what it saved is kept
+    rows = common.run_on_gpus(str(script), [["d", "hang"]], ["--flag"], "r.json", timeout=3)
+    assert [(r["cell"], r["gpu"]) for r in rows] == [("d", "0"), ("hang", "0")]
 
 
 def test_gpus_capped_at_visible_devices():
