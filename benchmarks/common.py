@@ -306,7 +306,7 @@ def usable_gpus(requested: int, device: torch.device, t0: float | None = None) -
 
 def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str], results_name: str,
                 timeout: float | None, t0: float | None = None) -> list[dict]:
-    """Run `script --cells <shard k> --out <tmp>/gpu<k> *extra_args` with CUDA_VISIBLE_DEVICES=k, all shards at
+    """Run `script --cells <shard k> --out <tmp>/gpu<k> *extra_args` on the k-th visible GPU, all shards at
     once, and return the union of the rows they wrote. Their progress lines go to this process's stdout.
 
     Each process saves its results file after every cell, so a process that fails or is stopped at `timeout`
@@ -314,9 +314,12 @@ def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str],
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(script))[0] + "_gpus_")
+    # the k-th GPU this process sees: honour a CUDA_VISIBLE_DEVICES the run was started with
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    ids = visible or [str(k) for k in range(len(shards))]
     procs = []
     for k, cells in enumerate(shards):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(k))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[k])
         cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", os.path.join(tmp, f"gpu{k}"), *extra_args]
         # same session as this process: whoever stops this run (a job's timeout, a machine's cleanup) stops them too
         procs.append(subprocess.Popen(cmd, env=env))

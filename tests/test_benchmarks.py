@@ -90,9 +90,10 @@ def test_shard_groups_keeps_a_workload_on_one_gpu():
     assert common.shard_groups(cells, lambda c: 1.0, 1, group=lambda c: c) == [cells]  # one GPU: order kept
 
 
-def test_run_on_gpus_merges_each_gpus_rows(tmp_path):
+def test_run_on_gpus_merges_each_gpus_rows(tmp_path, monkeypatch):
     """Each share runs in its own process with CUDA_VISIBLE_DEVICES = its index; rows come back merged, and a
     process that dies keeps what it saved (checked with a stand-in script, so no GPU is needed)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # all GPUs visible: share k -> GPU k
     script = tmp_path / "fake_bench.py"
     script.write_text(
         "import json, os, sys\n"
@@ -105,6 +106,11 @@ def test_run_on_gpus_merges_each_gpus_rows(tmp_path):
     rows = common.run_on_gpus(str(script), [["a", "b"], ["c", "crash"]], ["--flag"], "r.json", timeout=60)
     assert sorted((r["cell"], r["gpu"], r["extra"]) for r in rows) == [
         ("a", "0", "--flag"), ("b", "0", "--flag"), ("c", "1", "--flag")]
+    # a run started on a subset of GPUs keeps to it: share k goes to the k-th visible one
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    rows = common.run_on_gpus(str(script), [["a"], ["b"]], ["--flag"], "r.json", timeout=60)
+    assert sorted((r["cell"], r["gpu"]) for r in rows) == [("a", "3"), ("b", "5")]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     # a process still running at the timeout is stopped; what it saved is kept
     rows = common.run_on_gpus(str(script), [["d", "hang"]], ["--flag"], "r.json", timeout=3)
     assert [(r["cell"], r["gpu"]) for r in rows] == [("d", "0"), ("hang", "0")]
