@@ -65,6 +65,12 @@ def layer_backward(grad_output, *inputs, layer=attention_layer, scale=SCALE):
     return torch.autograd.grad(out, inputs, grad_output)
 
 
+def float64_gradients(grad_output, *inputs, scale=SCALE):
+    """The reference: layer_backward on float64 copies of grad_output and the 7 inputs (detached results)."""
+    ref_in = [t.detach().double().requires_grad_() for t in inputs]
+    return [g.detach() for g in layer_backward(grad_output.detach().double(), *ref_in, scale=scale)]
+
+
 def make_inputs(H: int, W: int, B: int, device="cpu", dtype=torch.float32, generator=None):
     """(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w),
     drawn as the benchmark draws them; the 7 layer inputs require grad."""

@@ -214,8 +214,7 @@ def test_sol076_layer_all_seven_gradients_against_float64():
     layer = torch.compile(sol076.attention_layer, backend="samhq", fullgraph=True)
     got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
     assert counters["samhq"]["fused"] == 1
-    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-    ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+    ref = sol076.float64_gradients(grad_output, *inputs)
     for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
         assert rel_err(g, r) < 1e-5, name
     assert sol076.check(got, ref, atol=sol076.WORKLOADS[(7, 7, 1)]) == (True, "ok")
@@ -229,8 +228,7 @@ def test_new_image_sizes_stay_fused_under_automatic_dynamic_shapes():
     for i, (h, w) in enumerate([(4, 4), (5, 6), (7, 3), (4, 4)]):
         grad_output, *inputs = sol076.make_inputs(h, w, 2, generator=torch.Generator().manual_seed(i))
         got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-        ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-        ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+        ref = sol076.float64_gradients(grad_output, *inputs)
         for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
             assert rel_err(g, r) < 1e-5, (h, w, name)
     assert counters["samhq"]["graphs"] == 2  # static 4x4, then one dynamic graph for every other size
@@ -247,8 +245,7 @@ def test_triton_op_option_emits_the_inductor_compiled_registration(tmp_path):
     got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
     after = (tmp_path / "graph_1_after.py").read_text()
     assert "samhq.rel_pos_attention_inductor.default" in after
-    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-    ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+    ref = sol076.float64_gradients(grad_output, *inputs)
     for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
         assert rel_err(g, r) < 1e-5, name
 
@@ -262,8 +259,7 @@ def test_triton_op_auto_picks_the_registration_per_grid(tmp_path):
     for i, (h, w) in enumerate([(4, 4), (5, 6)]):
         grad_output, *inputs = sol076.make_inputs(h, w, 2, generator=torch.Generator().manual_seed(i))
         got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-        ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-        ref = torch.autograd.grad(sol076.attention_layer(*ref_inputs), ref_inputs, grad_output.double())
+        ref = sol076.float64_gradients(grad_output, *inputs)
         for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
             assert rel_err(g, r) < 1e-5, (h, w, name)
     assert counters["samhq"]["graphs"] == 2 and counters["samhq"]["fused"] == 2
