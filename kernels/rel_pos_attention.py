@@ -65,13 +65,20 @@ CONFIG = {  # fp16 / bf16 inputs
     "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     "delta": dict(BLOCK_M=128, num_warps=4, num_stages=1),
 }
-CONFIG_FP32 = {  # fp32 inputs ("high" / "medium" / "highest")
-    "fwd": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    "dkdv": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+# fp32 inputs ("high" / "medium" / "highest"), with the K-major operand copies (KMAJOR_FP32). Key tiles of
+# one grid row where the grid is >= 32 wide (BLOCK_N 32): on 32x32 grids two rows per tile cost 3.4x in
+# the forward (365 vs 106 us at 32x32x4) and 1.4x in dQ, because of the rel_h gather; narrower grids
+# take rel_h by selects (RH_SELECT). Session 4 sweeps on the H200, benchmarks/NOTES.md.
+CONFIG_FP32 = {
+    "fwd": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, RH_SELECT=True),
+    "dkdv": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+    "dq": dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
 }
-# fp32 + TF32 only: dkdv with 32-query steps and 4 stages measured 10% faster (2.12 vs 2.36 ms)
-CONFIG_TF32 = {"dkdv": dict(BLOCK_M=32, num_warps=4, num_stages=4)}
+# 1-pass TF32 ("high", "medium") leaves the shared memory for one more stage in both backward kernels
+# (3-pass "highest" does not: 256 KB for its dQ at 3 stages on 64-wide grids, 227 KB available)
+CONFIG_TF32 = {"dkdv": dict(BLOCK_M=32, num_warps=4, num_stages=4), "dq": dict(num_stages=3)}
+# key grids at most 8 wide (7x7 windows): dQ with 64-query blocks measured 15% faster (145 vs 170 us)
+CONFIG_FP32_NARROW = {"dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)}
 # head dim padded above 64 (ViT-H's 80 -> 128): the configs validated on the H200 for that size
 # (fp32 ones shrink so twice-as-wide fp32 tiles fit the 227 KB of shared memory: the fp32 D=80
 # forward at 128 x 64 x 3 stages would want 320 KB)
@@ -93,7 +100,7 @@ CONFIG_INTERPRET = {
 }
 if _INTERPRET:
     CONFIG = CONFIG_FP32 = CONFIG_INTERPRET
-    CONFIG_TF32 = CONFIG_WIDE = CONFIG_WIDE_FP32 = {}
+    CONFIG_TF32 = CONFIG_FP32_NARROW = CONFIG_WIDE = CONFIG_WIDE_FP32 = {}
 
 _MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
 _MAX_WK = 128  # one key-grid row must fit in one key tile
@@ -136,6 +143,34 @@ def _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh, HK: tl.constexpr
 
 
 @triton.jit
+def _col(offs_n, WK_PAD: tl.constexpr, R: tl.constexpr):
+    # grid column of key n in the tile; spelled without % when the tile is one grid row, so that the
+    # compiler sees the column offsets as contiguous and vectorizes the rel_w loads
+    if R == 1:
+        return offs_n
+    else:
+        return offs_n % WK_PAD
+
+
+@triton.jit
+def _col_ok(col, WK: tl.constexpr, WK_PAD: tl.constexpr):
+    # real (unpadded) grid columns; a constant when nothing is padded, so that the masks built from it
+    # keep the rel_w / key loads vectorized (the compiler cannot see through col = n % WK_PAD)
+    if WK == WK_PAD:
+        return tl.full(col.shape, 1, tl.int1)
+    else:
+        return col < WK
+
+
+@triton.jit
+def _load_kmajor(XT, b, sxt_b, sxt_d, offs_s, offs_d, D: tl.constexpr):
+    # [len(offs_s), D_PAD] tile of x from its K-major copy xT: [B, D, S] (S contiguous, zero-padded so
+    # every offs_s is in bounds: no mask along S, so the loads stay 16-byte vectors)
+    return tl.load(XT + b * sxt_b + offs_s[:, None] + offs_d[None, :] * sxt_d,
+                   mask=(offs_d < D)[None, :], other=0.0)
+
+
+@triton.jit
 def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
                    HK: tl.constexpr, R: tl.constexpr, RH_SELECT: tl.constexpr):
     """s = qk * qk_scale + rw + rel_h[i, key row] for one key tile, log2 domain: [BLOCK_M, BLOCK_N].
@@ -165,10 +200,11 @@ def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, RH, RW, O, LSE,
+    Q, K, V, VT, RH, RW, O, LSE,
     sq_b, sq_n, sq_d,
     sk_b, sk_n, sk_d,
     sv_b, sv_n, sv_d,
+    svt_b, svt_d,  # vT: [B, DV, padded keys], keys contiguous (KMAJOR only)
     srh_b, srh_n, srh_k,
     srw_b, srw_n, srw_k,
     so_b, so_n, so_d,
@@ -176,10 +212,11 @@ def _fwd_kernel(
     N_Q, qk_scale,  # qk_scale = scale * log2(e): scores live in the log2 domain
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr, RH_SELECT: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr = False,
 ):
     # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
     # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
+    # KMAJOR (fp32 operands): P @ V reads V from vT, whose keys are contiguous (see _keys_kmajor)
     BLOCK_N: tl.constexpr = R * WK_PAD
     LOG2E: tl.constexpr = 1.4426950408889634
     # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
@@ -193,9 +230,9 @@ def _fwd_kernel(
     offs_d = tl.arange(0, D_PAD)
     offs_dv = tl.arange(0, DV_PAD)
     row = offs_n // WK_PAD  # grid row of key n inside the tile (0..R-1)
-    col = offs_n % WK_PAD  # grid column of key n (same for every tile)
+    col = _col(offs_n, WK_PAD, R)  # grid column of key n (same for every tile)
     m_ok = offs_m < N_Q
-    col_ok = col < WK
+    col_ok = _col_ok(col, WK, WK_PAD)
 
     # q: [BLOCK_M, D_PAD], stays in registers for the whole key loop
     q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
@@ -230,8 +267,11 @@ def _fwd_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         # v: [BLOCK_N, DV_PAD]
-        v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
-                    mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        if KMAJOR:
+            v = _load_kmajor(VT, b, svt_b, svt_d, kh0 * WK_PAD + offs_n, offs_dv, DV)
+        else:
+            v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
+                        mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         acc = _dot(p.to(v.dtype), v, acc, PREC)
         m_i = m_new
 
@@ -266,7 +306,7 @@ def _bwd_delta_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, RH, RW, DO, LSE, DELTA, DK, DV_,
+    Q, K, V, RH, RW, DO, LSE, DELTA, DK, DV_, QT, DOT,
     sq_b, sq_n, sq_d,
     sk_b, sk_n, sk_d,
     sv_b, sv_n, sv_d,
@@ -276,10 +316,11 @@ def _bwd_dkdv_kernel(
     slse_b, slse_n, sdl_b,  # lse: [B, N_Q] (any strides), delta: [B, N_Q] contiguous
     sdk_b, sdk_n, sdk_d,
     sdv_b, sdv_n, sdv_d,
+    sqt_b, sqt_d, sdot_b, sdot_d,  # qT: [B, D, padded N_Q], doT: [B, DV, padded N_Q] (KMAJOR only)
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
 ):
     # Owns key tile (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
     # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
@@ -297,9 +338,9 @@ def _bwd_dkdv_kernel(
     offs_d = tl.arange(0, D_PAD)
     offs_dv = tl.arange(0, DV_PAD)
     row = offs_n // WK_PAD
-    col = offs_n % WK_PAD
+    col = _col(offs_n, WK_PAD, R)
     kh = kh0 + row
-    col_ok = col < WK
+    col_ok = _col_ok(col, WK, WK_PAD)
     n_ok = col_ok & (kh < HK)
     j = kh * WK + col
 
@@ -321,25 +362,36 @@ def _bwd_dkdv_kernel(
                      mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * LOG2E
         delta = tl.load(DELTA + b * sdl_b + offs_m, mask=m_ok, other=0.0)
-        # bias^T: [BLOCK_N, BLOCK_M]
+        # bias^T: [BLOCK_N, BLOCK_M]. KMAJOR: rel_h / rel_w are copies with queries contiguous and padded
+        # to whole query blocks, so no query mask (padded queries are dropped from pT below)
+        if KMAJOR:
+            mb_ok = tl.full([BLOCK_M], 1, tl.int1)
+        else:
+            mb_ok = m_ok
         biasT = tl.load(RW + b * srw_b + offs_m[None, :] * srw_n + col[:, None] * srw_k,
-                        mask=m_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
+                        mask=mb_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
         if R == 1:
-            rh = tl.load(RH + b * srh_b + offs_m * srh_n + kh0 * srh_k, mask=m_ok, other=0.0)
+            rh = tl.load(RH + b * srh_b + offs_m * srh_n + kh0 * srh_k, mask=mb_ok, other=0.0)
             biasT += rh.to(tl.float32)[None, :]
         else:
             rh = tl.load(RH + b * srh_b + offs_m[None, :] * srh_n + kh[:, None] * srh_k,
-                         mask=m_ok[None, :] & (kh < HK)[:, None], other=0.0)
+                         mask=mb_ok[None, :] & (kh < HK)[:, None], other=0.0)
             biasT += rh.to(tl.float32)
 
         qkT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
         pT = tl.math.exp2(qkT * qk_scale + biasT * LOG2E - lse[None, :])
         pT = tl.where(n_ok[:, None] & m_ok[None, :], pT, 0.0)
-        dv = _dot(pT.to(do.dtype), do, dv, PREC)
+        if KMAJOR:  # fp32: the B operands of dV and dK from copies with queries contiguous
+            dv = _dot(pT, _load_kmajor(DOT, b, sdot_b, sdot_d, offs_m, offs_dv, DV), dv, PREC)
+        else:
+            dv = _dot(pT.to(do.dtype), do, dv, PREC)
         # dpT = v @ do^T: [BLOCK_N, BLOCK_M]
         dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
         dsT = pT * (dpT - delta[None, :])
-        dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, PREC)
+        if KMAJOR:
+            dk = _dot(dsT, _load_kmajor(QT, b, sqt_b, sqt_d, offs_m, offs_d, D), dk, PREC)
+        else:
+            dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, PREC)
 
     dk = dk * scale
     tl.store(DK + b * sdk_b + j[:, None] * sdk_n + offs_d[None, :] * sdk_d, dk.to(DK.dtype.element_ty),
@@ -350,7 +402,7 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW,
+    Q, K, V, RH, RW, DO, LSE, DELTA, DQ, DRH, DRW, KT,
     sq_b, sq_n, sq_d,
     sk_b, sk_n, sk_d,
     sv_b, sv_n, sv_d,
@@ -361,10 +413,11 @@ def _bwd_dq_kernel(
     sdq_b, sdq_n, sdq_d,
     sdrh_b, sdrh_n, sdrh_k,
     sdrw_b, sdrw_n, sdrw_k,
+    skt_b, skt_d,  # kT: [B, D, padded keys] (KMAJOR only)
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr, RH_SELECT: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr = False,
 ):
     # Owns a query block, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
     # reduces them itself: no atomics, fixed order.
@@ -383,9 +436,9 @@ def _bwd_dq_kernel(
     offs_dv = tl.arange(0, DV_PAD)
     offs_w = tl.arange(0, WK_PAD)
     row = offs_n // WK_PAD
-    col = offs_n % WK_PAD
+    col = _col(offs_n, WK_PAD, R)
     m_ok = offs_m < N_Q
-    col_ok = col < WK
+    col_ok = _col_ok(col, WK, WK_PAD)
 
     # q: [BLOCK_M, D_PAD], do: [BLOCK_M, DV_PAD]
     q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
@@ -423,7 +476,10 @@ def _bwd_dq_kernel(
         p = tl.where(n_ok[None, :], p, 0.0)
         dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32; 0 on masked keys
-        dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
+        if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous
+            dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d, D), dq, PREC)
+        else:
+            dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
         if R == 1:
             # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
             tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
@@ -473,7 +529,7 @@ def _tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
     return wk_pad, r
 
 
-def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int) -> dict:
+def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int) -> dict:
     """Block config for one kernel (see the CONFIG tables)."""
     fp32 = dtype == torch.float32
     if kernel == "delta":
@@ -481,6 +537,8 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int)
     if max(d_pad, dv_pad) > 64 and not _INTERPRET:
         return dict((CONFIG_WIDE_FP32 if fp32 else CONFIG_WIDE)[kernel])
     cfg = dict((CONFIG_FP32 if fp32 else CONFIG)[kernel])
+    if fp32 and wk <= 8:
+        cfg.update(CONFIG_FP32_NARROW.get(kernel, {}))
     if prec == "tf32":
         cfg.update(CONFIG_TF32.get(kernel, {}))
     return cfg
@@ -488,6 +546,46 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int)
 
 def _pad(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
+
+
+# fp32 operands: TF32 wgmma reads both operands K-major from shared memory (only 16-bit types may be
+# transposed), so a B operand whose contiguous axis is not the reduction axis (V in P @ V, dO and Q in
+# the dV / dK products, K in dS @ K) was copied into shared memory 4 bytes at a time, with 8-way bank
+# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/NOTES.md, session 4). The host
+# hands those operands over a second time, transposed, so the kernels read them as 16-byte vectors.
+# Costs one extra read and write of q, k, v and dout per call. A knob so benchmarks can compare.
+KMAJOR_FP32 = True
+
+
+def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
+    # not for key grids <= 8 wide: at 7x7 the copies cost more than they save (fwd + bwd 1.5x slower,
+    # 7x7x64 on the H200), those tiles being mostly padding and the call mostly launch time. Not for
+    # head dims padded above 64 either: the extra tiles do not fit shared memory beside the wide configs
+    # (and those were measured without them).
+    return KMAJOR_FP32 and dtype == torch.float32 and wk > 8 and (d_pad <= 64 or _INTERPRET)
+
+
+def _keys_kmajor(x, hk: int, wk: int, wk_pad: int, r: int):
+    """x: [B, HK*WK, D] -> [B, D, HK_PAD*WK_PAD], keys contiguous and laid out as the key tiles see them
+    (grid rows padded to WK_PAD, grid padded to whole tiles of R rows), zeros in the padding."""
+    b, _, d = x.shape
+    hk_pad = triton.cdiv(hk, r) * r
+    if hk_pad == hk and wk_pad == wk:
+        return x.transpose(1, 2).contiguous()
+    xt = x.new_zeros((b, d, hk_pad, wk_pad))
+    xt[:, :, :hk, :wk] = x.unflatten(1, (hk, wk)).permute(0, 3, 1, 2)
+    return xt.view(b, d, hk_pad * wk_pad)
+
+
+def _queries_kmajor(x, block_m: int):
+    """x: [B, N, D] -> [B, D, N_PAD], queries contiguous, N padded with zeros to whole query blocks."""
+    b, n, d = x.shape
+    n_pad = triton.cdiv(n, block_m) * block_m
+    if n_pad == n:
+        return x.transpose(1, 2).contiguous()
+    xt = x.new_zeros((b, d, n_pad))
+    xt[:, :, :n] = x.transpose(1, 2)
+    return xt
 
 
 def _empty(shape, dtype, device):
@@ -542,18 +640,22 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
     b, n_q, d = q.shape
     dv = v.shape[2]
     hk, wk = rel_h.shape[2], rel_w.shape[2]
-    cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv))
+    cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv), wk)
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    kmajor = _kmajor(q.dtype, wk, max(_pad(d), _pad(dv)))
+    vt = _keys_kmajor(v, hk, wk, wk_pad, r) if kmajor else v  # unused unless KMAJOR
     out = _empty((b, n_q, dv), q.dtype, q.device)
     lse = _empty((b, n_q), torch.float32, q.device)
     grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), b)
     torch.library.wrap_triton(_fwd_kernel)[grid](
-        q, k, v, rel_h, rel_w, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *out.stride(),
+        q, k, v, vt, rel_h, rel_w, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1),
+        *rel_h.stride(), *rel_w.stride(), *out.stride(),
         lse.stride(0),
         n_q, scale * 1.4426950408889634,
         HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, D_PAD=_pad(d), DV_PAD=_pad(dv),
-        BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), RH_SELECT=cfg.get("RH_SELECT", False),
+        BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), KMAJOR=kmajor,
+        RH_SELECT=cfg.get("RH_SELECT", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out, lse
@@ -568,7 +670,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     d_pad, dv_pad = _pad(d), _pad(dv_)
 
     # delta: [B, Nq] fp32
-    cfg = _config("delta", q.dtype, prec, d_pad, dv_pad)
+    cfg = _config("delta", q.dtype, prec, d_pad, dv_pad, wk)
     delta = _empty((b, n_q), torch.float32, q.device)
     torch.library.wrap_triton(_bwd_delta_kernel)[(triton.cdiv(n_q, cfg["BLOCK_M"]), b)](
         out, dout, delta, *out.stride(), *dout.stride(), delta.stride(0), n_q,
@@ -583,25 +685,34 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     drw = _empty(rel_w.shape, rel_w.dtype, rel_w.device)
     common = (*q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *dout.stride(), *lse.stride(), delta.stride(0))
 
-    cfg = _config("dkdv", q.dtype, prec, d_pad, dv_pad)
+    kmajor = _kmajor(q.dtype, wk, max(d_pad, dv_pad))
+    cfg = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk)
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    qt = _queries_kmajor(q, cfg["BLOCK_M"]) if kmajor else q  # unused unless KMAJOR
+    dot = _queries_kmajor(dout, cfg["BLOCK_M"]) if kmajor else dout
+    # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
+    # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged
+    rh_t = _queries_kmajor(rel_h, cfg["BLOCK_M"]).transpose(1, 2) if kmajor else rel_h
+    rw_t = _queries_kmajor(rel_w, cfg["BLOCK_M"]).transpose(1, 2) if kmajor else rel_w
+    common_t = (*q.stride(), *k.stride(), *v.stride(), *rh_t.stride(), *rw_t.stride(), *dout.stride(), *lse.stride(), delta.stride(0))
     torch.library.wrap_triton(_bwd_dkdv_kernel)[(triton.cdiv(hk, r), b)](
-        q, k, v, rel_h, rel_w, dout, lse, delta, dk, dv,
-        *common, *dk.stride(), *dv.stride(),
+        q, k, v, rh_t, rw_t, dout, lse, delta, dk, dv, qt, dot,
+        *common_t, *dk.stride(), *dv.stride(), qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1),
         n_q, scale * 1.4426950408889634, scale,
         HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
-        BLOCK_M=cfg["BLOCK_M"], PREC=prec,
+        BLOCK_M=cfg["BLOCK_M"], PREC=prec, KMAJOR=kmajor,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
-    cfg = _config("dq", q.dtype, prec, d_pad, dv_pad)
+    cfg = _config("dq", q.dtype, prec, d_pad, dv_pad, wk)
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    kt = _keys_kmajor(k, hk, wk, wk_pad, r) if kmajor else k  # unused unless KMAJOR
     torch.library.wrap_triton(_bwd_dq_kernel)[(triton.cdiv(n_q, cfg["BLOCK_M"]), b)](
-        q, k, v, rel_h, rel_w, dout, lse, delta, dq, drh, drw,
-        *common, *dq.stride(), *drh.stride(), *drw.stride(),
+        q, k, v, rel_h, rel_w, dout, lse, delta, dq, drh, drw, kt,
+        *common, *dq.stride(), *drh.stride(), *drw.stride(), kt.stride(0), kt.stride(1),
         n_q, scale * 1.4426950408889634, scale,
         HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
-        BLOCK_M=cfg["BLOCK_M"], PREC=prec, RH_SELECT=cfg.get("RH_SELECT", False),
+        BLOCK_M=cfg["BLOCK_M"], PREC=prec, KMAJOR=kmajor, RH_SELECT=cfg.get("RH_SELECT", False),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return dq, dk, dv, drh, drw
