@@ -128,13 +128,15 @@ def _shape_key(q, k, v, rel_h, rel_w) -> tuple:
 _broken: set[tuple] = set()
 
 
-def _with_kernel_fallback(kernel_call, reference_call, inputs):
+def _with_kernel_fallback(kernel_call, reference_call, inputs, direction: str):
     """Run kernel_call; if the kernels fail to compile or launch here, warn once and use the reference.
 
     Keeps a training run alive on a GPU / Triton combination the kernels were never built for. An
-    out-of-memory error is re-raised: the reference would need more memory, not less.
+    out-of-memory error is re-raised: the reference would need more memory, not less. Forward and
+    backward fail separately: a backward kernel that does not fit must not switch the forward over
+    mid-run (that changed the forward's bits between the first step and the next, on the H200).
     """
-    key = _shape_key(*inputs)
+    key = (direction, *_shape_key(*inputs))
     if key not in _broken:
         try:
             return kernel_call()
@@ -156,7 +158,7 @@ def _fwd_impl(
     reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference(q, k, v, rel_h, rel_w, scale)  # noqa: E731
     if reason is None:
         kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale)  # noqa: E731
-        return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w))
+        return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "forward")
     _note_fallback(reason)
     return reference_call()
 
@@ -169,7 +171,7 @@ def _bwd_impl(
     reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference_backward(*args)  # noqa: E731
     if _kernel_skip_reason(q, k, v, rel_h, rel_w) is None:
         kernel_call = lambda: _kernels.backward(*args)  # noqa: E731
-        return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w))
+        return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "backward")
     return reference_call()
 
 
