@@ -15,7 +15,7 @@ FLOPs counted per head: forward 4*N*N*D (QK^T and PV), backward 10*N*N*D (FA con
 dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (P recomputed in both
 backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
 
-Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--sweep-narrow] [--skip-baselines]
+Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--sweep-narrow] [--sweep-kmajor] [--skip-baselines]
 Writes bench_attention_core.json to --out (default $OUT or .).
 """
 
@@ -283,8 +283,8 @@ def sweep_narrow(results, mode="fp32-tf32"):
                 K.CONFIG, K.CONFIG_FP32 = dict(saved[0]), dict(saved[1])
                 K.CONFIG_TF32 = {n: o for n, o in saved[2].items() if n != kern}
                 K.CONFIG[kern] = K.CONFIG_FP32[kern] = dict(c)
-                fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
-                try:
+                try:  # a config that does not fit the SM fails at its first launch, inside ours_fns
+                    fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
                     row = dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
                                ms=graph_bench(fwd if kern == "fwd" else bwd))
                 except Exception as e:
@@ -303,11 +303,47 @@ def sweep_narrow(results, mode="fp32-tf32"):
     return rows
 
 
+def sweep_kmajor(results, mode="fp32-tf32"):
+    """fp32 K-major operand copies (K.KMAJOR_FP32) off / on, forward and backward separately, every 076
+    shape; then, with them on, rel_h by selects (RH_SELECT) in the forward and dQ kernels where R > 1."""
+    dtype, prec = MODES[mode]
+    torch.set_float32_matmul_precision(prec)
+    saved = (K.KMAJOR_FP32, K.CONFIG_FP32)
+    rows = []
+    for side, batch in SOL:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+        variants = [("rowmajor", False, {}), ("kmajor", True, {})]
+        if side < 48:  # R > 1 key tiles
+            variants.append(("kmajor+select", True, {n: dict(saved[1][n], RH_SELECT=True) for n in ("fwd", "dq")}))
+        for name, km, cfg in variants:
+            K.KMAJOR_FP32 = km
+            K.CONFIG_FP32 = dict(saved[1], **cfg)
+            row = dict(mode=mode, grid=side, batch=batch, variant=name)
+            try:
+                fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
+                row.update(fwd_ms=graph_bench(fwd), bwd_ms=graph_bench(bwd))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            print(row, flush=True)
+            rows.append(row)
+    K.KMAJOR_FP32, K.CONFIG_FP32 = saved
+    results["sweep_kmajor"] = rows
+    print(f"{'shape':<10}" + "".join(f"{v:>28}" for v in ("rowmajor fwd/bwd us", "kmajor", "kmajor+select")))
+    for side, batch in SOL:
+        cells = []
+        for name in ("rowmajor", "kmajor", "kmajor+select"):
+            r = [x for x in rows if x["grid"] == side and x["variant"] == name and "fwd_ms" in x]
+            cells.append(f"{r[0]['fwd_ms'] * 1e3:.0f} / {r[0]['bwd_ms'] * 1e3:.0f}" if r else "-")
+        print(f"{side}x{side}x{batch:<5}" + "".join(f"{c:>28}" for c in cells))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-narrow", action="store_true", help="block configs on the narrow 076 grids, then exit")
+    ap.add_argument("--sweep-kmajor", action="store_true", help="fp32 K-major operand copies off/on, 076 shapes, then exit")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
     args = ap.parse_args()
@@ -323,9 +359,13 @@ def main():
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
     results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
     print("host time per call (us), tiny shape:", results["host_us"], flush=True)
-    if args.sweep_narrow:
-        sweep_narrow(results)
-        save()
+    if args.sweep_narrow or args.sweep_kmajor:
+        if args.sweep_kmajor:
+            sweep_kmajor(results)
+            save()
+        if args.sweep_narrow:
+            sweep_narrow(results)
+            save()
         return
     if args.sweep:
         sweep(results)

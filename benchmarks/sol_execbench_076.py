@@ -459,6 +459,7 @@ def main(argv=None) -> dict:
                         break
                 row = run_cell(impl, wl, prec, data, args, device, flusher, t0)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
+                row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
                 budget.record(impl, row["cell_s"])
                 rows.append(row)
                 save()

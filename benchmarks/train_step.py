@@ -307,6 +307,7 @@ def main(argv=None) -> dict:
                 tcell = time.perf_counter()
                 row = run_cell(impl, batch, dtype, args, device, attn_re)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
+                row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
                 budget.record(impl, row["cell_s"])
                 rows.append(row)
                 save()
