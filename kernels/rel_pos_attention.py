@@ -704,6 +704,9 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
+    # done with dK/dV's copies: release them before dQ's, so the two sets never add up in the peak
+    # (same stream, so the caching allocator reuses the memory only after dK/dV has read it)
+    del qt, dot, rh_t, rw_t
     cfg = _config("dq", q.dtype, prec, d_pad, dv_pad, wk)
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
     kt = _keys_kmajor(k, hk, wk, wk_pad, r) if kmajor else k  # unused unless KMAJOR
