@@ -190,6 +190,22 @@ def test_other_tile_configs(monkeypatch, matmul_precision):
     run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, torch.float32), 1e-5)
 
 
+@pytest.mark.parametrize("hk,wk,layout", [(5, 12, "contiguous"), (4, 16, "transposed")])
+@pytest.mark.parametrize("mode", ["fp32-highest", "fp32-high"])
+def test_kmajor_operand_copies(hk, wk, layout, mode, monkeypatch, matmul_precision):
+    # fp32 grids wider than 8 read V, K, Q, dout and the dK/dV bias from transposed copies. Key tiles of
+    # R=2 rows: 5x12 pads the copies' rows (5 -> 6) and columns (12 -> 16), and 60 queries leave a partial
+    # query block; 4x16 pads nothing, and with 'transposed' inputs the copies are views of the inputs.
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    cfg = {kname: dict(v) for kname, v in K.CONFIG_FP32.items()}
+    for kname in ("fwd", "dkdv", "dq"):
+        cfg[kname].update(BLOCK_N=32)
+    monkeypatch.setattr(K, "CONFIG_FP32", cfg)
+    assert K._kmajor(dtype, wk, 64)
+    run_and_check(*make_inputs(2, hk * wk, hk, wk, 64, 64, dtype, layout=layout, seed=7), tol)
+
+
 @pytest.mark.parametrize("mode", ["fp32-highest", "bf16"])
 def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
     # RH_SELECT (narrow-grid experiment): rel_h as R column loads + selects instead of a tile gather;
