@@ -15,7 +15,8 @@ FLOPs counted per head: forward 4*N*N*D (QK^T and PV), backward 10*N*N*D (FA con
 dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (P recomputed in both
 backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
 
-Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--sweep-narrow] [--sweep-kmajor] [--skip-baselines]
+Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--sweep-narrow] [--sweep-kmajor]
+       [--sweep-bias16] [--skip-baselines]
 Writes bench_attention_core.json to --out (default $OUT or .).
 """
 
@@ -338,12 +339,36 @@ def sweep_kmajor(results, mode="fp32-tf32"):
     return rows
 
 
+def sweep_bias16(results, mode="bf16"):
+    """bf16: dK/dV's transposed rel_h / rel_w copies (K.BIAS_COPIES_16BIT) off / on, backward only."""
+    dtype, prec = MODES[mode]
+    torch.set_float32_matmul_precision(prec)
+    saved = K.BIAS_COPIES_16BIT
+    rows = []
+    for side, batch in SOL:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+        row = dict(mode=mode, grid=side, batch=batch)
+        for on in (False, True):
+            K.BIAS_COPIES_16BIT = on
+            try:
+                _, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
+                row["bwd_ms_copies" if on else "bwd_ms"] = graph_bench(bwd)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+        print(row, flush=True)
+        rows.append(row)
+    K.BIAS_COPIES_16BIT = saved
+    results["sweep_bias16"] = rows
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-narrow", action="store_true", help="block configs on the narrow 076 grids, then exit")
     ap.add_argument("--sweep-kmajor", action="store_true", help="fp32 K-major operand copies off/on, 076 shapes, then exit")
+    ap.add_argument("--sweep-bias16", action="store_true", help="bf16 dK/dV bias copies off/on, 076 shapes, then exit")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
     args = ap.parse_args()
@@ -359,7 +384,10 @@ def main():
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
     results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
     print("host time per call (us), tiny shape:", results["host_us"], flush=True)
-    if args.sweep_narrow or args.sweep_kmajor:
+    if args.sweep_narrow or args.sweep_kmajor or args.sweep_bias16:
+        if args.sweep_bias16:
+            sweep_bias16(results)
+            save()
         if args.sweep_kmajor:
             sweep_kmajor(results)
             save()

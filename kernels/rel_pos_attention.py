@@ -320,7 +320,7 @@ def _bwd_dkdv_kernel(
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, BIAS_T: tl.constexpr,
 ):
     # Owns key tile (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
     # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
@@ -362,9 +362,9 @@ def _bwd_dkdv_kernel(
                      mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * LOG2E
         delta = tl.load(DELTA + b * sdl_b + offs_m, mask=m_ok, other=0.0)
-        # bias^T: [BLOCK_N, BLOCK_M]. KMAJOR: rel_h / rel_w are copies with queries contiguous and padded
+        # bias^T: [BLOCK_N, BLOCK_M]. BIAS_T: rel_h / rel_w are copies with queries contiguous and padded
         # to whole query blocks, so no query mask (padded queries are dropped from pT below)
-        if KMAJOR:
+        if BIAS_T:
             mb_ok = tl.full([BLOCK_M], 1, tl.int1)
         else:
             mb_ok = m_ok
@@ -555,6 +555,10 @@ def _pad(d: int) -> int:
 # hands those operands over a second time, transposed, so the kernels read them as 16-byte vectors.
 # Costs one extra read and write of q, k, v and dout per call. A knob so benchmarks can compare.
 KMAJOR_FP32 = True
+# The dK/dV kernel reads rel_h / rel_w as [keys, queries] tiles, against their memory order, in every dtype
+# (bf16 PTX: 2- and 4-byte loads). With K-major fp32 it gets copies with queries contiguous. For 16-bit
+# inputs the same copies are prepared but off: not yet measured on the H200 (NOTES.md, session 4, next).
+BIAS_COPIES_16BIT = False
 
 
 def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
@@ -692,15 +696,16 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     dot = _queries_kmajor(dout, cfg["BLOCK_M"]) if kmajor else dout
     # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
     # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged
-    rh_t = _queries_kmajor(rel_h, cfg["BLOCK_M"]).transpose(1, 2) if kmajor else rel_h
-    rw_t = _queries_kmajor(rel_w, cfg["BLOCK_M"]).transpose(1, 2) if kmajor else rel_w
+    bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and wk > 8)
+    rh_t = _queries_kmajor(rel_h, cfg["BLOCK_M"]).transpose(1, 2) if bias_t else rel_h
+    rw_t = _queries_kmajor(rel_w, cfg["BLOCK_M"]).transpose(1, 2) if bias_t else rel_w
     common_t = (*q.stride(), *k.stride(), *v.stride(), *rh_t.stride(), *rw_t.stride(), *dout.stride(), *lse.stride(), delta.stride(0))
     torch.library.wrap_triton(_bwd_dkdv_kernel)[(triton.cdiv(hk, r), b)](
         q, k, v, rh_t, rw_t, dout, lse, delta, dk, dv, qt, dot,
         *common_t, *dk.stride(), *dv.stride(), qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1),
         n_q, scale * 1.4426950408889634, scale,
         HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
-        BLOCK_M=cfg["BLOCK_M"], PREC=prec, KMAJOR=kmajor,
+        BLOCK_M=cfg["BLOCK_M"], PREC=prec, KMAJOR=kmajor, BIAS_T=bias_t,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 

@@ -83,6 +83,10 @@ def main():
     K.CONFIG_FP32["dq"] = dict(K.CONFIG_FP32["dq"], RH_SELECT=True)
     n = compile_case(torch.float32, "high", 7, 64)
     print(f"ok RH_SELECT grid=7: {n} kernels", flush=True)
+    # the transposed bias copies for 16-bit inputs (prepared, off by default) must compile and fit too
+    K.BIAS_COPIES_16BIT = True
+    n = compile_case(torch.bfloat16, "highest", 32, 64)
+    print(f"ok BIAS_COPIES_16BIT grid=32: {n} kernels", flush=True)
 
 
 if __name__ == "__main__":

@@ -206,6 +206,13 @@ def test_kmajor_operand_copies(hk, wk, layout, mode, monkeypatch, matmul_precisi
     run_and_check(*make_inputs(2, hk * wk, hk, wk, 64, 64, dtype, layout=layout, seed=7), tol)
 
 
+def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
+    # the prepared (off by default) transposed rel_h / rel_w copies for dK/dV with bf16 inputs
+    dtype, prec, tol = MODES["bf16"]
+    monkeypatch.setattr(K, "BIAS_COPIES_16BIT", True)
+    run_and_check(*make_inputs(2, 60, 5, 12, 64, 64, dtype, seed=8), tol)
+
+
 @pytest.mark.parametrize("mode", ["fp32-highest", "bf16"])
 def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
     # RH_SELECT (narrow-grid experiment): rel_h as R column loads + selects instead of a tile gather;
