@@ -36,7 +36,12 @@ bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA i
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
 the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, session 3).
 
-All launches go through torch.library.wrap_triton and host functions only allocate and launch, so
+Operand layout (fp32): TF32 tensor-core products read both operands K-major, so the host passes V, K, Q,
+dout (and the dK/dV bias) a second time, transposed and zero-padded to whole tiles (`_keys_kmajor`,
+`_queries_kmajor`): every tile then arrives as 16-byte vectors. Without them Triton filled shared memory
+4 bytes at a time and the fp32 kernels were load-bound (benchmarks/NOTES.md, session 4).
+
+All launches go through torch.library.wrap_triton and host functions only allocate, copy (torch ops) and launch, so
 they can run inside a torch.library.triton_op traced by Inductor with fake tensors.
 """
 
