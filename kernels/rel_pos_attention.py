@@ -692,7 +692,10 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     dv = _empty(v.shape, v.dtype, v.device)
     drh = _empty(rel_h.shape, rel_h.dtype, rel_h.device)
     drw = _empty(rel_w.shape, rel_w.dtype, rel_w.device)
-    common = (*q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *dout.stride(), *lse.stride(), delta.stride(0))
+
+    def common(rh, rw):  # the input strides both kernels take, with the rel_h / rel_w they are given
+        return (*q.stride(), *k.stride(), *v.stride(), *rh.stride(), *rw.stride(), *dout.stride(), *lse.stride(),
+                delta.stride(0))
 
     kmajor = _kmajor(q.dtype, wk, max(d_pad, dv_pad))
     cfg = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk)
@@ -704,10 +707,9 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and wk > 8)
     rh_t = _queries_kmajor(rel_h, cfg["BLOCK_M"]).transpose(1, 2) if bias_t else rel_h
     rw_t = _queries_kmajor(rel_w, cfg["BLOCK_M"]).transpose(1, 2) if bias_t else rel_w
-    common_t = (*q.stride(), *k.stride(), *v.stride(), *rh_t.stride(), *rw_t.stride(), *dout.stride(), *lse.stride(), delta.stride(0))
     torch.library.wrap_triton(_bwd_dkdv_kernel)[(triton.cdiv(hk, r), b)](
         q, k, v, rh_t, rw_t, dout, lse, delta, dk, dv, qt, dot,
-        *common_t, *dk.stride(), *dv.stride(), qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1),
+        *common(rh_t, rw_t), *dk.stride(), *dv.stride(), qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1),
         n_q, scale * 1.4426950408889634, scale,
         HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
         BLOCK_M=cfg["BLOCK_M"], PREC=prec, KMAJOR=kmajor, BIAS_T=bias_t,
@@ -722,7 +724,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     kt = _keys_kmajor(k, hk, wk, wk_pad, r) if kmajor else k  # unused unless KMAJOR
     torch.library.wrap_triton(_bwd_dq_kernel)[(triton.cdiv(n_q, cfg["BLOCK_M"]), b)](
         q, k, v, rel_h, rel_w, dout, lse, delta, dq, drh, drw, kt,
-        *common, *dq.stride(), *drh.stride(), *drw.stride(), kt.stride(0), kt.stride(1),
+        *common(rel_h, rel_w), *dq.stride(), *drh.stride(), *drw.stride(), kt.stride(0), kt.stride(1),
         n_q, scale * 1.4426950408889634, scale,
         HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, R=r, D_PAD=d_pad, DV_PAD=dv_pad,
         BLOCK_M=cfg["BLOCK_M"], PREC=prec, KMAJOR=kmajor, RH_SELECT=cfg.get("RH_SELECT", False),
