@@ -333,7 +333,7 @@ def sweep_kmajor(results, mode="fp32-tf32"):
     for side, batch in SOL:
         cells = []
         for name in ("rowmajor", "kmajor", "kmajor+select"):
-            r = [x for x in rows if x["grid"] == side and x["variant"] == name and "fwd_ms" in x]
+            r = [x for x in rows if (x["grid"], x["batch"]) == (side, batch) and x["variant"] == name and "fwd_ms" in x]
             cells.append(f"{r[0]['fwd_ms'] * 1e3:.0f} / {r[0]['bwd_ms'] * 1e3:.0f}" if r else "-")
         print(f"{side}x{side}x{batch:<5}" + "".join(f"{c:>28}" for c in cells))
     return rows
