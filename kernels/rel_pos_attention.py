@@ -185,7 +185,7 @@ def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m
     issued a tile early its latency hides behind the dots). R > 1: a [BLOCK_M, BLOCK_N] gather, which
     the pipeliner turns into an async copy through shared memory as large as the K and V tiles
     together (fp32, TTGIR for sm_90); or, with RH_SELECT, R [BLOCK_M] column loads placed by key row
-    with R selects (no shared memory; an experiment for the narrow-grid sweep, off by default).
+    with R selects (no shared memory; the fp32 forward's default, a config option elsewhere).
     """
     if R == 1:
         s = qk * qk_scale + rw + rh_next[:, None]

@@ -215,8 +215,9 @@ def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
 
 @pytest.mark.parametrize("mode", ["fp32-highest", "bf16"])
 def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
-    # RH_SELECT (narrow-grid experiment): rel_h as R column loads + selects instead of a tile gather;
-    # 7x7 runs R=8 rows per tile at this target (some past the grid), 4x20 R=2.
+    # RH_SELECT (the fp32 forward's default, here forced on in dQ and for bf16 too): rel_h as R column
+    # loads + selects instead of a tile gather; 7x7 runs R=8 rows per tile at this target (some past the
+    # grid), 4x20 R=2.
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
     name = "CONFIG_FP32" if dtype == torch.float32 else "CONFIG"
