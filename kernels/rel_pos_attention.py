@@ -561,9 +561,12 @@ def _pad(d: int) -> int:
 # Costs one extra read and write of q, k, v and dout per call. A knob so benchmarks can compare.
 KMAJOR_FP32 = True
 # The dK/dV kernel reads rel_h / rel_w as [keys, queries] tiles, against their memory order, in every dtype
-# (bf16 PTX: 2- and 4-byte loads). With K-major fp32 it gets copies with queries contiguous. For 16-bit
-# inputs the same copies are prepared but off: not yet measured on the H200 (NOTES.md, session 4, next).
-BIAS_COPIES_16BIT = False
+# (bf16 PTX: 2- and 4-byte loads). With K-major fp32 it gets copies with queries contiguous; 16-bit inputs
+# get them from key grids wider than 16: bf16 backward on the H200 1.27x at 64x64x4, 1.56x at 56x56x1,
+# 1.10x at 32x32x8, but 5-7% slower at 14x14 and 16x16x1, where the copy is mostly launch cost
+# (bench_attention_core.py --sweep-bias16; benchmarks/NOTES.md, session 5).
+BIAS_COPIES_16BIT = True
+BIAS_COPIES_16BIT_MIN_WK = 17
 
 
 def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
@@ -704,7 +707,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     dot = _queries_kmajor(dout, cfg["BLOCK_M"]) if kmajor else dout
     # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
     # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged
-    bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and wk > 8)
+    bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and wk >= BIAS_COPIES_16BIT_MIN_WK)
     rh_t = _queries_kmajor(rel_h, cfg["BLOCK_M"]).transpose(1, 2) if bias_t else rel_h
     rw_t = _queries_kmajor(rel_w, cfg["BLOCK_M"]).transpose(1, 2) if bias_t else rel_w
     torch.library.wrap_triton(_bwd_dkdv_kernel)[(triton.cdiv(hk, r), b)](

@@ -207,9 +207,12 @@ def test_kmajor_operand_copies(hk, wk, layout, mode, monkeypatch, matmul_precisi
 
 
 def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
-    # the prepared (off by default) transposed rel_h / rel_w copies for dK/dV with bf16 inputs
+    # dK/dV's transposed rel_h / rel_w copies with bf16 inputs: on by default from 17-wide grids (a 2x20
+    # grid), and forced on for a 5x12 grid, whose padded query blocks and rows differ
     dtype, prec, tol = MODES["bf16"]
-    monkeypatch.setattr(K, "BIAS_COPIES_16BIT", True)
+    assert K.BIAS_COPIES_16BIT and K.BIAS_COPIES_16BIT_MIN_WK <= 20
+    run_and_check(*make_inputs(1, 40, 2, 20, 32, 32, dtype, seed=9), tol)
+    monkeypatch.setattr(K, "BIAS_COPIES_16BIT_MIN_WK", 1)
     run_and_check(*make_inputs(2, 60, 5, 12, 64, 64, dtype, seed=8), tol)
 
 
