@@ -249,6 +249,15 @@ def fused_op(triton_op: bool):
     return torch.ops.samhq.rel_pos_attention.default
 
 
+def kernels_verified_for(device: torch.device) -> bool:
+    """Whether the "auto" choice may hand the kernels to Inductor on this device: CUDA compute capability 9.x
+    (Hopper), for which CI compiles every block config and checks its shared memory
+    (tests/hopper_compile_check.py). Inductor compiles a triton_op's kernels inside its own compile, where
+    the opaque op's fallback to the reference cannot catch a kernel that does not build or fit; elsewhere
+    (other GPUs, CPU) "auto" keeps the opaque op and with it that fallback."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 # --- functional API -----------------------------------------------------------------------------
 
 

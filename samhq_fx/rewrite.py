@@ -152,7 +152,7 @@ class RelPosAttentionPass(CustomGraphPass):
         self.min_seq_len = int(min_seq_len)
         self.dump_dir = dump_dir
         # which registration of the op (op.py) to emit: False the opaque op, True the triton_op one,
-        # "auto" the triton_op one for static key grids and the opaque op for symbolic ones
+        # "auto" the triton_op one for static key grids on devices the kernels are verified for, else opaque
         self.triton_op = "auto" if triton_op == "auto" else bool(triton_op)
         # Only plain data here: Inductor deep-copies its config, this pass included (torch 2.11).
         self._done: set[int] = set()
@@ -169,8 +169,7 @@ class RelPosAttentionPass(CustomGraphPass):
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
         for cand in candidates:
             if cand.match is not None:
-                static = all(map(is_static, cand.match.grid))
-                apply_match(graph, cand.match, op.fused_op(self.triton_op is True or (self.triton_op == "auto" and static)))
+                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
@@ -183,6 +182,13 @@ class RelPosAttentionPass(CustomGraphPass):
                 log.debug("samhq_fx: graph %d: left %s alone: %s", index, cand.node.name, cand.reason)
         if self.dump_dir:
             debug.write_dump(self.dump_dir, index, before, debug.graph_source(graph), candidates)
+
+    def _inductor_launches(self, m: Match) -> bool:
+        """True: emit the triton_op registration (Inductor compiles and launches the kernels)."""
+        if self.triton_op != "auto":
+            return self.triton_op
+        q = value(m.q)
+        return all(map(is_static, m.grid)) and q is not None and op.kernels_verified_for(q.device)
 
     def uuid(self) -> bytes:
         return get_hash_for_files(_source_files()) + f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}".encode()

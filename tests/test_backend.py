@@ -12,6 +12,7 @@ import torch
 from expecttest import assert_expected_inline
 from torch._dynamo.utils import counters
 
+import samhq_fx.op
 from samhq_fx.models import random_init_, tiny_vision_config
 from samhq_fx.rewrite import RelPosAttentionPass
 
@@ -55,6 +56,20 @@ def test_mode_and_options_pass_through_to_inductor(monkeypatch):
         samhq_backend(gm, [torch.ones(2)], options={"samhq.dump": "x"})
     with pytest.raises(ValueError, match=r"options\['samhq.triton_op'\] must be True, False or 'auto', got 'yes'"):
         samhq_backend(gm, [torch.ones(2)], options={"samhq.triton_op": "yes"})
+    # "auto" (the default) keeps the opaque op under CUDA graphs; an explicit True is honoured there
+    samhq_backend(gm, [torch.ones(2)])
+    assert seen["pre_grad_custom_pass"].triton_op == "auto"
+    samhq_backend(gm, [torch.ones(2)], mode="reduce-overhead")
+    assert seen["pre_grad_custom_pass"].triton_op is False
+    samhq_backend(gm, [torch.ones(2)], mode="reduce-overhead", options={"samhq.triton_op": True})
+    assert seen["pre_grad_custom_pass"].triton_op is True
+    for env, want in (("0", False), ("1", True), ("auto", "auto")):
+        monkeypatch.setenv("SAMHQ_FX_TRITON_OP", env)
+        samhq_backend(gm, [torch.ones(2)])
+        assert seen["pre_grad_custom_pass"].triton_op == want, env
+    monkeypatch.setenv("SAMHQ_FX_TRITON_OP", "yes")
+    with pytest.raises(ValueError, match="SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got 'yes'"):
+        samhq_backend(gm, [torch.ones(2)])
 
 
 def test_pass_uuid_is_stable_and_keyed_on_settings():
@@ -250,9 +265,11 @@ def test_triton_op_option_emits_the_inductor_compiled_registration(tmp_path):
         assert rel_err(g, r) < 1e-5, name
 
 
-def test_triton_op_auto_picks_the_registration_per_grid(tmp_path):
+def test_triton_op_auto_picks_the_registration_per_grid(tmp_path, monkeypatch):
     # "auto": the triton_op registration for a static key grid (graph 1, 4x4), the opaque op once Dynamo
-    # recompiles with symbolic H, W (graph 2, 5x6), which the triton_op one cannot take.
+    # recompiles with symbolic H, W (graph 2, 5x6), which the triton_op one cannot take. On CPU "auto" would
+    # keep the opaque op throughout (the kernels are verified for Hopper only): pretend this device is one.
+    monkeypatch.setattr(samhq_fx.op, "kernels_verified_for", lambda device: True)
     fresh_compile_state()
     layer = torch.compile(sol076.attention_layer, backend="samhq",
                           options={"samhq.triton_op": "auto", "samhq.dump_dir": str(tmp_path)})
@@ -266,6 +283,8 @@ def test_triton_op_auto_picks_the_registration_per_grid(tmp_path):
     assert "samhq.rel_pos_attention_inductor.default" in (tmp_path / "graph_1_after.py").read_text()
     second = (tmp_path / "graph_2_after.py").read_text()
     assert "samhq.rel_pos_attention.default" in second and "rel_pos_attention_inductor" not in second
+    monkeypatch.undo()
+    assert not samhq_fx.op.kernels_verified_for(torch.device("cpu"))
 
 
 def test_pass_survives_deepcopy_after_running():
