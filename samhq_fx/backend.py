@@ -20,6 +20,10 @@ samhq's own options (keys of `options`, or environment variables):
                                             triton_op one where the grid is static and the GPU is a Hopper
                                             (op.kernels_verified_for), unless the mode captures CUDA graphs;
                                             the opaque op everywhere else
+    samhq.host_indices bool, default False  True: build index tensors that the model makes on the host
+                                            (torch.arange without a device, as SAM's get_rel_pos does) on
+                                            the device of the tensor they index, which removes a host sync
+                                            per use (SAMHQ_FX_HOST_INDICES=1; host_indices.py)
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
@@ -33,10 +37,11 @@ from typing import Any
 
 import torch
 
+from .host_indices import move_host_indices
 from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1, "samhq.triton_op": "auto",
-                 "samhq.inductor": True}
+                 "samhq.host_indices": False, "samhq.inductor": True}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -51,6 +56,8 @@ def _env_defaults() -> dict[str, Any]:
         if triton_op not in _TRITON_OP_ENV:
             raise ValueError(f"samhq backend: SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got {triton_op!r}")
         env["samhq.triton_op"] = _TRITON_OP_ENV[triton_op]
+    if os.environ.get("SAMHQ_FX_HOST_INDICES", "0") not in ("", "0"):
+        env["samhq.host_indices"] = True
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
@@ -88,6 +95,11 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
 
     ours, inductor = split_options(options)
     patches = inductor_config_patches(mode, inductor)
+    graphs = [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]  # gm and its HOP bodies
+    if ours["samhq.host_indices"]:
+        for module in graphs:
+            if move_host_indices(module.graph):
+                module.recompile()
     if ours["samhq.rewrite"]:
         if patches.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
@@ -98,11 +110,9 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
             # runtime fallback to the reference
             triton_op = False
         rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op)
-        # gm and the bodies of its higher-order ops (activation-checkpoint regions, ...)
-        for module in gm.modules():
-            if isinstance(module, torch.fx.GraphModule):
-                rewrite(module.graph)
-                module.recompile()
+        for module in graphs:  # activation-checkpoint regions and other HOP bodies included
+            rewrite(module.graph)
+            module.recompile()
         patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
     if not ours["samhq.inductor"]:
         from torch._dynamo.backends.debugging import aot_eager

@@ -186,3 +186,28 @@ def test_training_runs_are_bitwise_reproducible(no_fallback):
             assert torch.equal(finals[0][name], finals[1][name]), name
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
+
+
+def test_host_indices_remove_the_host_syncs(no_fallback):
+    # samhq.host_indices: SAM's rel-pos table indices (torch.arange on the host) are built on the GPU, so a
+    # compiled forward + backward runs without one host synchronization (it had two per table per step:
+    # the gather's index copy and the backward index_put_'s), and computes the same gradients.
+    fresh_compile_state()
+    torch.set_float32_matmul_precision("highest")
+    model = _model("eager")
+    x = torch.randn(2, 3, 128, 128, device="cuda")
+    w = torch.randn(2, 32, 16, 16, device="cuda")
+    out0, g0 = _run(model, torch.compile(model, backend="samhq"), x, w)
+    fresh_compile_state()
+    f = torch.compile(model, backend="samhq", options={"samhq.host_indices": True})
+    _run(model, f, x, w)  # compiles (which may synchronize)
+    assert counters["samhq"]["host_indices"] == 8  # 2 layers x (rel_pos_h, rel_pos_w) x 2 aranges
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out1, g1 = _run(model, f, x, w)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert rel_err(out1, out0) < 1e-6
+    for name in g0:
+        assert rel_err(g1[name], g0[name]) < 1e-5, name

@@ -1,0 +1,38 @@
+"""Graph pass: build host-computed index tensors on the device of the tensor they index.
+
+`patterns/host_indices.py` finds them (SAM's rel-pos table indices, `torch.arange` without a device) and says
+why they cost a host sync per use. The pass adds `device=` to those factory calls; the ops after them follow
+their inputs' device, so the graph computes the same integers on the GPU. Backend option
+`samhq.host_indices` (off by default until it is measured on the H200; benchmarks/NOTES.md, session 5).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch._dynamo.utils import counters
+from torch.fx import Graph
+
+from .patterns.fx_utils import value
+from .patterns.host_indices import FACTORIES, find_host_indices
+
+log = logging.getLogger("samhq_fx")
+
+
+def move_host_indices(graph: Graph) -> int:
+    """Rewrite `graph` in place; returns the number of factory calls moved to a device."""
+    moved = 0
+    for device, nodes in find_host_indices(graph).items():
+        for node in graph.nodes:  # in order, so each fake value is remade after its inputs'
+            if node not in nodes:
+                continue
+            if node.op == "call_function" and node.target in FACTORIES:
+                node.kwargs = {**node.kwargs, "device": device}
+                moved += 1
+            fake = value(node)
+            with fake.fake_mode:  # later passes read shapes and devices from these
+                node.meta["example_value"] = fake.to(device)
+    if moved:
+        counters["samhq"]["host_indices"] += moved
+        log.info("samhq_fx: built %d host index tensors on the device they index", moved)
+    return moved

@@ -1,0 +1,93 @@
+"""The host-index pass (samhq.host_indices): index tensors built with torch.arange on the host, for a tensor
+on another device, are built on that device instead; anything else is left alone.
+
+CPU-only: the "other device" is `meta` here (the GPU test in test_gpu.py checks CUDA and the missing syncs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from samhq_fx.host_indices import move_host_indices
+from samhq_fx.patterns.fx_utils import value
+
+from helpers import fresh_compile_state
+
+
+def _graph(fn, *args):
+    """fn's Dynamo graph (one, fullgraph)."""
+    graphs = []
+
+    def grab(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fresh_compile_state()
+    torch.compile(fn, backend=grab, fullgraph=True)(*args)
+    return graphs[0]
+
+
+def rel_pos_gather(table):
+    # SAM's get_rel_pos: indices from torch.arange without a device
+    q = torch.arange(3)[:, None] * 1.0
+    k = torch.arange(3)[None, :] * 1.0
+    return table[((q - k) + 2.0).long()]
+
+
+def _aranges(gm):
+    return [n for n in gm.graph.nodes if n.target is torch.arange]
+
+
+def test_builds_rel_pos_indices_on_the_indexed_tensors_device():
+    table = torch.randn(5, 4, device="meta")
+    gm = _graph(rel_pos_gather, table)
+    assert move_host_indices(gm.graph) == 2
+    gm.recompile()
+    assert [n.kwargs["device"] for n in _aranges(gm)] == [torch.device("meta")] * 2
+    gather = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+    index = gather.args[1]
+    assert value(index).device.type == "meta" and value(index).dtype == torch.int64  # fake values follow
+    (out,) = gm(table)
+    assert out.shape == (3, 3, 4) and out.device.type == "meta"
+    assert counters["samhq"]["host_indices"] == 2
+
+
+def test_a_cpu_table_is_left_alone():
+    table = torch.randn(5, 4)
+    gm = _graph(rel_pos_gather, table)
+    assert move_host_indices(gm.graph) == 0
+    assert all("device" not in n.kwargs for n in _aranges(gm))
+
+
+def test_indices_with_another_use_stay_on_the_host():
+    # the index is also returned: moving it would change an output's device
+    def gather_and_return_index(table):
+        idx = (torch.arange(3)[:, None] - torch.arange(3)[None, :] + 2).long()
+        return table[idx], idx
+
+    gm = _graph(gather_and_return_index, torch.randn(5, 4, device="meta"))
+    assert move_host_indices(gm.graph) == 0
+
+
+@pytest.mark.parametrize("case", ["explicit_cpu", "from_input"])
+def test_indices_not_made_from_bare_aranges_stay_on_the_host(case):
+    def explicit_cpu(table, offsets):
+        return table[torch.arange(3, device="cpu") + 1]
+
+    def from_input(table, offsets):
+        return table[torch.arange(3) + offsets]  # offsets: a CPU input, the caller's choice
+
+    fn = {"explicit_cpu": explicit_cpu, "from_input": from_input}[case]
+    gm = _graph(fn, torch.randn(5, 4, device="meta"), torch.ones(3, dtype=torch.long))
+    assert move_host_indices(gm.graph) == 0
+
+
+def test_option_and_env_var(monkeypatch):
+    from samhq_fx.backend import split_options
+
+    assert split_options(None)[0]["samhq.host_indices"] is False
+    assert split_options({"samhq.host_indices": True})[0]["samhq.host_indices"] is True
+    monkeypatch.setenv("SAMHQ_FX_HOST_INDICES", "1")
+    assert split_options(None)[0]["samhq.host_indices"] is True
