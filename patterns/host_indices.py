@@ -7,9 +7,9 @@ until the GPU has caught up, in the forward gather and again in the backward's `
 cudaStreamSynchronize per bf16 SAM-HQ ViT-B training step on the H200, 478 us each (torch.profiler,
 benchmarks/NOTES.md, session 5). The host can then never run ahead of the GPU.
 
-`find_host_indices(graph)` returns, per target device, the factory calls (`torch.arange`) whose results
-reach an indexing op only as index operands of a tensor on that device, through ops that depend on nothing
-else. Building them on that device instead changes no value: the same integers, computed where they are used.
+`find_host_indices(graph)` returns, per target device, the factory calls (`torch.arange`) and the ops after
+them that compute only the index of row gathers `table[idx]` from a table on that device, and those gathers.
+Building the indices on that device changes no value: the same integers, computed where they are used.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from .fx_utils import value
 FACTORIES = (torch.arange,)
 
 
-def _index_operands(node: Node) -> list[Node]:
-    """Tensor index operands of `x[idx]` (operator.getitem with a tensor or a tuple holding tensors)."""
-    if node.op != "call_function" or node.target is not operator.getitem:
-        return []
-    idx = node.args[1]
-    items = idx if isinstance(idx, (tuple, list)) else (idx,)
-    return [i for i in items if isinstance(i, Node) and isinstance(value(i), torch.Tensor)]
+def _row_gather_index(node: Node) -> Node | None:
+    """`idx` of a row gather `table[idx]` (operator.getitem with one integer tensor), else None. Only this
+    form: the pass swaps it for samhq::index_rows, whose backward stays deterministic."""
+    if node.op != "call_function" or node.target is not operator.getitem or not isinstance(node.args[1], Node):
+        return None
+    idx = value(node.args[1])
+    if idx is None or idx.dtype not in (torch.int64, torch.int32) or not isinstance(value(node.args[0]), torch.Tensor):
+        return None
+    return node.args[1]
 
 
 def _host_producers(root: Node) -> set[Node] | None:
@@ -62,30 +64,30 @@ def _host_producers(root: Node) -> set[Node] | None:
     return seen
 
 
-def find_host_indices(graph: Graph) -> dict[torch.device, set[Node]]:
-    """{device: the host nodes to build on it}, where every use of those nodes stays inside the set or is
-    an index operand of a tensor on that device (so moving them cannot change what any other op sees)."""
+def find_host_indices(graph: Graph) -> dict[torch.device, tuple[set[Node], list[Node]]]:
+    """{device: (the host nodes to build on it, the row gathers they index)}, where every use of those nodes
+    stays inside the set or is the index of such a gather (so moving them changes what no other op sees)."""
     per_device: dict[torch.device, set[Node]] = {}
-    index_users: dict[torch.device, set[Node]] = {}
+    gathers: dict[torch.device, list[Node]] = {}
     for node in graph.nodes:
-        operands = _index_operands(node)
-        indexed = value(node.args[0]) if operands else None
-        if not isinstance(indexed, torch.Tensor) or indexed.device.type == "cpu":
+        idx = _row_gather_index(node)
+        table = value(node.args[0]) if idx is not None else None
+        if table is None or table.device.type == "cpu":
             continue
-        for idx in operands:
-            producers = _host_producers(idx)
-            if producers:
-                per_device.setdefault(indexed.device, set()).update(producers)
-                index_users.setdefault(indexed.device, set()).add(node)
+        producers = _host_producers(idx)
+        if producers:
+            per_device.setdefault(table.device, set()).update(producers)
+            gathers.setdefault(table.device, []).append(node)
     out = {}
     for device, nodes in per_device.items():
-        allowed = nodes | index_users[device]
+        allowed = nodes | set(gathers[device])
         # a node with a use outside stays on the host, and with it everything connected to it in the set
         # (what it is computed from, and what is computed from it): no op may see both devices
         leaky = [n for n in nodes if any(u not in allowed for u in n.users)]
         nodes = nodes - _connected(nodes, leaky)
-        if any(n.op == "call_function" and n.target in FACTORIES for n in nodes):
-            out[device] = nodes
+        moved = [g for g in gathers[device] if g.args[1] in nodes]
+        if moved:
+            out[device] = (nodes, moved)
     return out
 
 

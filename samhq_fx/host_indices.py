@@ -2,7 +2,8 @@
 
 `patterns/host_indices.py` finds them (SAM's rel-pos table indices, `torch.arange` without a device) and says
 why they cost a host sync per use. The pass adds `device=` to those factory calls; the ops after them follow
-their inputs' device, so the graph computes the same integers on the GPU. Backend option
+their inputs' device, so the graph computes the same integers on the GPU. Each gather they index becomes
+`samhq::index_rows` (index_rows.py), so the table's gradient keeps a deterministic sum. Backend option
 `samhq.host_indices` (off by default until it is measured on the H200; benchmarks/NOTES.md, session 5).
 """
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from torch._dynamo.utils import counters
 from torch.fx import Graph
+
+from . import index_rows  # noqa: F401  (registers torch.ops.samhq.index_rows)
 
 from .patterns.fx_utils import value
 from .patterns.host_indices import FACTORIES, find_host_indices
@@ -22,7 +26,7 @@ log = logging.getLogger("samhq_fx")
 def move_host_indices(graph: Graph) -> int:
     """Rewrite `graph` in place; returns the number of factory calls moved to a device."""
     moved = 0
-    for device, nodes in find_host_indices(graph).items():
+    for device, (nodes, gathers) in find_host_indices(graph).items():
         for node in graph.nodes:  # in order, so each fake value is remade after its inputs'
             if node not in nodes:
                 continue
@@ -32,6 +36,8 @@ def move_host_indices(graph: Graph) -> int:
             fake = value(node)
             with fake.fake_mode:  # later passes read shapes and devices from these
                 node.meta["example_value"] = fake.to(device)
+        for gather in gathers:  # table[idx] -> index_rows(table, idx): a deterministic backward (index_rows.py)
+            gather.target = torch.ops.samhq.index_rows.default
     if moved:
         counters["samhq"]["host_indices"] += moved
         log.info("samhq_fx: built %d host index tensors on the device they index", moved)

@@ -49,6 +49,7 @@ def test_builds_rel_pos_indices_on_the_indexed_tensors_device():
     gather = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
     index = gather.args[1]
     assert value(index).device.type == "meta" and value(index).dtype == torch.int64  # fake values follow
+    assert gather.target is torch.ops.samhq.index_rows.default  # its backward stays deterministic
     (out,) = gm(table)
     assert out.shape == (3, 3, 4) and out.device.type == "meta"
     assert counters["samhq"]["host_indices"] == 2
@@ -84,6 +85,35 @@ def test_indices_not_made_from_bare_aranges_stay_on_the_host(case):
     assert move_host_indices(gm.graph) == 0
 
 
+def test_other_index_forms_stay_on_the_host():
+    # only the plain row gather table[idx] is swapped for index_rows; a column gather keeps its host index
+    def column_gather(table):
+        return table[:, torch.arange(3) + 1]
+
+    gm = _graph(column_gather, torch.randn(4, 5, device="meta"))
+    assert move_host_indices(gm.graph) == 0
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_rows_matches_indexing_with_repeated_rows(compiled):
+    # the rel-pos index: (i - j + k - 1), each table row gathered many times; forward and table gradient equal
+    # plain indexing's bit for bit (same index_put_ accumulation), eager and inside an Inductor graph
+    import samhq_fx.index_rows  # noqa: F401
+
+    idx = (torch.arange(6)[:, None] - torch.arange(6)[None, :] + 5).long()
+    table = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(6, 6, 8, dtype=torch.float64)
+    fn = torch.ops.samhq.index_rows
+    if compiled:
+        fresh_compile_state()
+        fn = torch.compile(lambda t, i: torch.ops.samhq.index_rows(t, i) * 2.0, fullgraph=True)
+    got = fn(table, idx)
+    (g_got,) = torch.autograd.grad(got, table, grad)
+    want = table[idx] * (2.0 if compiled else 1.0)
+    (g_want,) = torch.autograd.grad(want, table, grad)
+    assert torch.equal(got, want) and torch.equal(g_got, g_want)
+
+
 def test_option_and_env_var(monkeypatch):
     from samhq_fx.backend import split_options
 
@@ -91,3 +121,21 @@ def test_option_and_env_var(monkeypatch):
     assert split_options({"samhq.host_indices": True})[0]["samhq.host_indices"] is True
     monkeypatch.setenv("SAMHQ_FX_HOST_INDICES", "1")
     assert split_options(None)[0]["samhq.host_indices"] is True
+
+
+def test_sam_model_graph_moves_its_indices_and_still_fuses():
+    # the HF SAM-HQ vision model on the meta device (standing in for a GPU): 2 layers x 2 tables x 2
+    # aranges move, the 4 table gathers become index_rows, and the attention rewrite still fuses both layers
+    from transformers import SamHQVisionModel
+
+    from samhq_fx.models import tiny_vision_config
+    from samhq_fx.rewrite import RelPosAttentionPass
+
+    cfg = tiny_vision_config("eager", hidden_size=32, num_attention_heads=2, image_size=32, patch_size=4,
+                             window_size=3, global_attn_indexes=[1], num_hidden_layers=2, output_channels=8)
+    model = SamHQVisionModel(cfg).to("meta")
+    gm = _graph(model, torch.randn(1, 3, 32, 32, device="meta"))
+    assert move_host_indices(gm.graph) == 8
+    assert sum(n.target is torch.ops.samhq.index_rows.default for n in gm.graph.nodes) == 4
+    RelPosAttentionPass()(gm.graph)
+    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["skipped"] == 0
