@@ -45,9 +45,14 @@ SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_l
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
+def _env_flag(name: str) -> bool:
+    """An on/off environment variable: set to anything but "" or "0" means on."""
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 def _env_defaults() -> dict[str, Any]:
     env = dict(SAMHQ_OPTIONS)
-    if os.environ.get("SAMHQ_FX_DISABLE", "0") not in ("", "0"):
+    if _env_flag("SAMHQ_FX_DISABLE"):
         env["samhq.rewrite"] = False
     if os.environ.get("SAMHQ_FX_DUMP_DIR"):
         env["samhq.dump_dir"] = os.environ["SAMHQ_FX_DUMP_DIR"]
@@ -56,7 +61,7 @@ def _env_defaults() -> dict[str, Any]:
         if triton_op not in _TRITON_OP_ENV:
             raise ValueError(f"samhq backend: SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got {triton_op!r}")
         env["samhq.triton_op"] = _TRITON_OP_ENV[triton_op]
-    if os.environ.get("SAMHQ_FX_HOST_INDICES", "0") not in ("", "0"):
+    if _env_flag("SAMHQ_FX_HOST_INDICES"):
         env["samhq.host_indices"] = True
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
