@@ -6,7 +6,7 @@ SAM-B global layer: batch 1 x 12 heads, 64x64 grid (N = 4096), head_dim 64, in o
   (b) FlexAttention (torch.compile'd) with a score_mod reading captured rel_h / rel_w (grads too);
   (c) our Triton kernels (samhq_fx.kernels.rel_pos_attention forward + backward).
 Modes: bf16, fp32 with TF32 ("high"), fp32 "highest". Then our kernels alone on the SOL-ExecBench
-L2/076 attention shapes (fp32 "high"; "medium" runs the same TF32 kernels), and optionally a block-config sweep (--sweep).
+L2/076 attention shapes (fp32 "high"; "medium" runs the same TF32 kernels).
 
 Timing: triton.testing.do_bench, median, warm-up 25 ms / rep 100 ms, L2 flushed before each call by
 do_bench, over replays of a CUDA graph of the call (GPU time; the eager column times plain calls and so
@@ -15,8 +15,8 @@ FLOPs counted per head: forward 4*N*N*D (QK^T and PV), backward 10*N*N*D (FA con
 dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (P recomputed in both
 backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
 
-Usage: python benchmarks/bench_attention_core.py [--out DIR] [--sweep] [--sweep-narrow] [--sweep-kmajor]
-       [--sweep-bias16] [--skip-baselines]
+Usage: python benchmarks/bench_attention_core.py [--out DIR] [--skip-baselines] [--skip-sol]
+(block-config and variant sweeps: benchmarks/sweep_kernels.py)
 Writes bench_attention_core.json to --out (default $OUT or .).
 """
 
@@ -103,18 +103,19 @@ def make(b, side, dtype, requires_grad=False):
     return q, k, v, rh, rw, do
 
 
-def ours_fns(q, k, v, rh, rw, do, scale):
+def ours_fns(q, k, v, rh, rw, do, scale, kernels=K):
+    """(forward, backward, both) closures over one kernels module (another revision's, for before/after)."""
     def fwd():
-        return K.forward(q, k, v, rh, rw, scale)
+        return kernels.forward(q, k, v, rh, rw, scale)
 
     out, lse = fwd()
 
     def bwd():
-        return K.backward(do, q, k, v, rh, rw, out, lse, scale)
+        return kernels.backward(do, q, k, v, rh, rw, out, lse, scale)
 
     def both():
-        o, l = K.forward(q, k, v, rh, rw, scale)
-        return K.backward(do, q, k, v, rh, rw, o, l, scale)
+        o, l = kernels.forward(q, k, v, rh, rw, scale)
+        return kernels.backward(do, q, k, v, rh, rw, o, l, scale)
 
     return fwd, bwd, both
 
@@ -198,182 +199,35 @@ def sam_b_global(results, skip_baselines):
     return rows
 
 
-def sol_shapes(results):
+def sol_shapes(results, modes=("bf16", "fp32-tf32")):
+    """Our kernels on the 076 attention shapes: forward, backward and both, each its own CUDA graph."""
     rows = []
     scale = D ** -0.5
-    for mode in ("fp32-tf32",):  # "medium" runs the same TF32 kernels as "high"
+    for mode in modes:  # fp32 "medium" runs the same TF32 kernels as "high"
         dtype, prec = MODES[mode]
         torch.set_float32_matmul_precision(prec)
         for side, batch in SOL:
             b = batch * HEADS
             q, k, v, rh, rw, do = make(b, side, dtype)
             fwd, bwd, both = ours_fns(q, k, v, rh, rw, do, scale)
-            ms = graph_bench(both)
-            f = sum(flops(b, side * side, D))
-            rows.append(dict(mode=mode, grid=side, batch=batch, ms=ms, tflops=f / ms / 1e9))
+            f_fwd, f_bwd = flops(b, side * side, D)
+            t_f, t_b, ms = graph_bench(fwd), graph_bench(bwd), graph_bench(both)
+            rows.append(dict(mode=mode, grid=side, batch=batch, ms=ms, fwd_ms=t_f, bwd_ms=t_b,
+                             tflops=(f_fwd + f_bwd) / ms / 1e9, fwd_tflops=f_fwd / t_f / 1e9,
+                             bwd_tflops=f_bwd / t_b / 1e9))
             print(rows[-1], flush=True)
     results["sol_076"] = rows
-    return rows
-
-
-def sweep(results):
-    """Time alternative block configs on the SAM-B global shape, one kernel's config varied at a time."""
-    side, b = 64, HEADS
-    scale = D ** -0.5
-    saved = (K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32)
-    cands = {
-        "fwd": [dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=4),
-                dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
-                dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)],
-        "dkdv": [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-                 dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4),
-                 dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
-                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)],
-        "dq": [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-               dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-               dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-               dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4)],
-    }
-    rows = []
-    for mode in ("bf16", "fp32-tf32"):
-        dtype, prec = MODES[mode]
-        torch.set_float32_matmul_precision(prec)
-        q, k, v, rh, rw, do = make(b, side, dtype)
-        for kern, lst in cands.items():
-            for c in lst:
-                K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32 = dict(saved[0]), dict(saved[1]), {}
-                K.CONFIG[kern] = K.CONFIG_FP32[kern] = dict(c)
-                fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, scale)
-                try:
-                    ms = graph_bench(fwd if kern == "fwd" else bwd)
-                    row = dict(mode=mode, kernel=kern, cfg=c, ms=ms)
-                except Exception as e:
-                    row = dict(mode=mode, kernel=kern, cfg=c, error=f"{type(e).__name__}: {str(e)[:160]}")
-                print(row, flush=True)
-                rows.append(row)
-    K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32 = saved
-    results["sweep"] = rows
-
-
-# Narrow key grids (Wk <= 32: several grid rows per key tile) are the 076 suite's slow cases (NOTES.md).
-# Per kernel, the key-tile target BLOCK_N (R = BLOCK_N / WK_PAD grid rows per tile) and the query block.
-NARROW = [(7, 64), (14, 8), (32, 4), (48, 2)]
-# RH_SELECT: rel_h as R column loads + selects instead of a tile gather through shared memory (R > 1 only)
-_SELECT = [dict(BLOCK_M=64, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bn in (64, 128)]
-NARROW_CANDS = {
-    "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
-            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
-    "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (32, 64, 128)],
-    "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
-           for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
-}
-
-
-def sweep_narrow(results, mode="fp32-tf32"):
-    """Time block configs on the narrow 076 grids, one kernel varied at a time (the others as shipped)."""
-    dtype, prec = MODES[mode]
-    torch.set_float32_matmul_precision(prec)
-    saved = (K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32)
-    rows = []
-    for side, batch in NARROW:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
-        for kern, lst in NARROW_CANDS.items():
-            for c in lst:
-                K.CONFIG, K.CONFIG_FP32 = dict(saved[0]), dict(saved[1])
-                K.CONFIG_TF32 = {n: o for n, o in saved[2].items() if n != kern}
-                K.CONFIG[kern] = K.CONFIG_FP32[kern] = dict(c)
-                try:  # a config that does not fit the SM fails at its first launch, inside ours_fns
-                    fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
-                    row = dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
-                               ms=graph_bench(fwd if kern == "fwd" else bwd))
-                except Exception as e:
-                    row = dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
-                               error=f"{type(e).__name__}: {str(e)[:160]}")
-                print(row, flush=True)
-                rows.append(row)
-    K.CONFIG, K.CONFIG_FP32, K.CONFIG_TF32 = saved
-    results["sweep_narrow"] = rows
-    for side, batch in NARROW:  # best per kernel, against the shipped config's time
-        for kern in NARROW_CANDS:
-            ok = [r for r in rows if r["grid"] == side and r["kernel"] == kern and "ms" in r]
-            if ok:
-                best = min(ok, key=lambda r: r["ms"])
-                print(f"narrow {side}x{side}x{batch} {kern}: best {best['ms'] * 1e3:.1f} us with {best['cfg']}")
-    return rows
-
-
-def sweep_kmajor(results, mode="fp32-tf32"):
-    """fp32 K-major operand copies (K.KMAJOR_FP32) off / on, forward and backward separately, every 076
-    shape; then, with them on, rel_h by selects (RH_SELECT) in the forward and dQ kernels where R > 1."""
-    dtype, prec = MODES[mode]
-    torch.set_float32_matmul_precision(prec)
-    saved = (K.KMAJOR_FP32, K.CONFIG_FP32)
-    rows = []
-    for side, batch in SOL:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
-        variants = [("rowmajor", False, {}), ("kmajor", True, {})]
-        if side < 48:  # R > 1 key tiles
-            variants.append(("kmajor+select", True, {n: dict(saved[1][n], RH_SELECT=True) for n in ("fwd", "dq")}))
-        for name, km, cfg in variants:
-            K.KMAJOR_FP32 = km
-            K.CONFIG_FP32 = dict(saved[1], **cfg)
-            row = dict(mode=mode, grid=side, batch=batch, variant=name)
-            try:
-                fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
-                row.update(fwd_ms=graph_bench(fwd), bwd_ms=graph_bench(bwd))
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-            print(row, flush=True)
-            rows.append(row)
-    K.KMAJOR_FP32, K.CONFIG_FP32 = saved
-    results["sweep_kmajor"] = rows
-    print(f"{'shape':<10}" + "".join(f"{v:>28}" for v in ("rowmajor fwd/bwd us", "kmajor", "kmajor+select")))
-    for side, batch in SOL:
-        cells = []
-        for name in ("rowmajor", "kmajor", "kmajor+select"):
-            r = [x for x in rows if (x["grid"], x["batch"]) == (side, batch) and x["variant"] == name and "fwd_ms" in x]
-            cells.append(f"{r[0]['fwd_ms'] * 1e3:.0f} / {r[0]['bwd_ms'] * 1e3:.0f}" if r else "-")
-        print(f"{side}x{side}x{batch:<5}" + "".join(f"{c:>28}" for c in cells))
-    return rows
-
-
-def sweep_bias16(results, mode="bf16"):
-    """bf16: dK/dV's transposed rel_h / rel_w copies (K.BIAS_COPIES_16BIT) off / on, backward only."""
-    dtype, prec = MODES[mode]
-    torch.set_float32_matmul_precision(prec)
-    saved = K.BIAS_COPIES_16BIT
-    rows = []
-    for side, batch in SOL:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
-        row = dict(mode=mode, grid=side, batch=batch)
-        for on in (False, True):
-            K.BIAS_COPIES_16BIT = on
-            try:
-                _, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
-                row["bwd_ms_copies" if on else "bwd_ms"] = graph_bench(bwd)
-            except Exception as e:
-                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-        print(row, flush=True)
-        rows.append(row)
-    K.BIAS_COPIES_16BIT = saved
-    results["sweep_bias16"] = rows
     return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--sweep-narrow", action="store_true", help="block configs on the narrow 076 grids, then exit")
-    ap.add_argument("--sweep-kmajor", action="store_true", help="fp32 K-major operand copies off/on, 076 shapes, then exit")
-    ap.add_argument("--sweep-bias16", action="store_true", help="bf16 dK/dV bias copies off/on, 076 shapes, then exit")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
     args = ap.parse_args()
     results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                   config=dict(bf16=K.CONFIG, fp32=K.CONFIG_FP32, tf32=K.CONFIG_TF32), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+                   config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
     path = os.path.join(args.out, "bench_attention_core.json")
 
     def save():
@@ -384,20 +238,6 @@ def main():
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
     results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
     print("host time per call (us), tiny shape:", results["host_us"], flush=True)
-    if args.sweep_narrow or args.sweep_kmajor or args.sweep_bias16:
-        if args.sweep_bias16:
-            sweep_bias16(results)
-            save()
-        if args.sweep_kmajor:
-            sweep_kmajor(results)
-            save()
-        if args.sweep_narrow:
-            sweep_narrow(results)
-            save()
-        return
-    if args.sweep:
-        sweep(results)
-        save()
     rows = sam_b_global(results, args.skip_baselines)
     save()
     sol = [] if args.skip_sol else sol_shapes(results)
@@ -414,7 +254,7 @@ def main():
         extra = f"{r['fwd_ms']:>8.3f}{r['bwd_ms']:>8.3f}" if "fwd_ms" in r else ""
         print(f"{r['mode']:<13}{r['impl']:<14}{r['ms']:>8.3f}{r['eager_ms']:>8.3f}{r['peak_gb']:>9.3f}"
               f"{r['tflops']:>9.1f}{extra}")
-    for mode in ("fp32-tf32",):
+    for mode in ("bf16", "fp32-tf32"):
         ms = [r["ms"] for r in sol if r["mode"] == mode]
         if ms:
             print(f"SOL-076 attention core, ours, {mode}: mean {sum(ms) / len(ms) * 1e3:.1f} us over {len(ms)} "

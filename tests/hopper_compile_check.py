@@ -80,11 +80,15 @@ def main():
     for dtype, prec, grid, d in cases:
         n = compile_case(dtype, prec, grid, d)
         print(f"ok {dtype} {prec} grid={grid} d={d}: {n} kernels", flush=True)
-    # rel_h by selects in dQ too (the forward has it by default): a sweep option, so it must compile
-    K.CONFIG_FP32["dq"] = dict(K.CONFIG_FP32["dq"], RH_SELECT=True)
+    # sweep options, so they must compile too: rel_h by selects in dK/dV and dQ (the forward has it by
+    # default) at 7x7, and one fused backward launch, bf16 at 64x64 with 128-key dK/dV tiles (R = 2)
+    K.configs.OVERRIDES = {"dq": dict(RH_SELECT=True), "dkdv": dict(RH_SELECT=True)}
     n = compile_case(torch.float32, "high", 7, 64)
     print(f"ok RH_SELECT grid=7: {n} kernels", flush=True)
-
+    K.configs.OVERRIDES = {"bwd": dict(FUSED=True), "dkdv": dict(BLOCK_N=128, BLOCK_M=32, RH_SELECT=True)}
+    n = compile_case(torch.bfloat16, "high", 64, 64)
+    print(f"ok fused bwd grid=64: {n} kernels", flush=True)
+    K.configs.OVERRIDES = {}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -182,10 +182,7 @@ def test_other_tile_configs(monkeypatch, matmul_precision):
     # Larger key-tile target: 7x7 then runs R=8 rows per tile (taller than the grid, masked) and
     # 4x20 R=2 rows of 32; query blocks of 32 exercise a different partial last block.
     matmul_precision("highest")
-    cfg = {kname: dict(v) for kname, v in K.CONFIG_FP32.items()}
-    for kname in ("fwd", "dkdv", "dq"):
-        cfg[kname].update(BLOCK_N=64, BLOCK_M=32)
-    monkeypatch.setattr(K, "CONFIG_FP32", cfg)
+    monkeypatch.setattr(K.configs, "OVERRIDES", {kname: dict(BLOCK_N=64, BLOCK_M=32) for kname in ("fwd", "dkdv", "dq")})
     run_and_check(*make_inputs(1, 49, 7, 7, 64, 64, torch.float32), 1e-5)
     run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, torch.float32), 1e-5)
 
@@ -198,10 +195,7 @@ def test_kmajor_operand_copies(hk, wk, layout, mode, monkeypatch, matmul_precisi
     # query block; 4x16 pads nothing, and with 'transposed' inputs the copies are views of the inputs.
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
-    cfg = {kname: dict(v) for kname, v in K.CONFIG_FP32.items()}
-    for kname in ("fwd", "dkdv", "dq"):
-        cfg[kname].update(BLOCK_N=32)
-    monkeypatch.setattr(K, "CONFIG_FP32", cfg)
+    monkeypatch.setattr(K.configs, "OVERRIDES", {kname: dict(BLOCK_N=32) for kname in ("fwd", "dkdv", "dq")})
     assert K._kmajor(dtype, wk, 64)
     run_and_check(*make_inputs(2, hk * wk, hk, wk, 64, 64, dtype, layout=layout, seed=7), tol)
 
@@ -218,18 +212,56 @@ def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
 
 @pytest.mark.parametrize("mode", ["fp32-highest", "bf16"])
 def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
-    # RH_SELECT (the fp32 forward's default, here forced on in dQ and for bf16 too): rel_h as R column
-    # loads + selects instead of a tile gather; 7x7 runs R=8 rows per tile at this target (some past the
-    # grid), 4x20 R=2.
+    # RH_SELECT (the fp32 forward's default, here forced on in dK/dV and dQ and for bf16 too): rel_h as R
+    # row / column loads + selects instead of a tile gather; 7x7 runs R=8 rows per tile at this target
+    # (some past the grid), 4x20 R=2.
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
-    name = "CONFIG_FP32" if dtype == torch.float32 else "CONFIG"
-    cfg = {kname: dict(v) for kname, v in getattr(K, name).items()}
-    for kname in ("fwd", "dkdv", "dq"):
-        cfg[kname].update(BLOCK_N=64, RH_SELECT=True)
-    monkeypatch.setattr(K, name, cfg)
+    monkeypatch.setattr(K.configs, "OVERRIDES", {kname: dict(BLOCK_N=64, RH_SELECT=True) for kname in ("fwd", "dkdv", "dq")})
     run_and_check(*make_inputs(2, 49, 7, 7, 64, 64, dtype, seed=6), tol)
     run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, dtype, seed=7), tol)
+
+
+# (batch, grid hk x wk, head dim, mode, key-tile target): R > 1 and R == 1 tiles, partial query blocks,
+# fp32 with and without the K-major copies, 16-bit with the bias copies (wk >= 17)
+FUSED = [
+    (2, 7, 7, 64, "fp32-highest", 16),
+    (1, 5, 12, 64, "fp32-high", 32),
+    (2, 3, 7, 64, "bf16", 32),
+    (1, 2, 20, 32, "bf16", 32),
+    (1, 5, 9, 80, "fp16", 16),
+]
+
+
+@pytest.mark.parametrize("b,hk,wk,d,mode,bn", FUSED)
+def test_fused_backward_launch(b, hk, wk, d, mode, bn, monkeypatch, matmul_precision):
+    # dK/dV and dQ programs in one launch, each computing delta itself: same gradients as the split
+    # launches (which the rest of this file checks) within the mode's bound, and every output written
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    monkeypatch.setattr(K.configs, "OVERRIDES", {"bwd": dict(FUSED=True), "dkdv": dict(BLOCK_N=bn),
+                                                 "dq": dict(BLOCK_N=bn)})
+    launches = []
+    real = torch.library.wrap_triton
+    monkeypatch.setattr(torch.library, "wrap_triton", lambda kern: launches.append(kern) or real(kern))
+    run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=hk + wk), tol)
+    assert [kern.__name__ for kern in launches] == ["_fwd_kernel", "_bwd_kernel"]  # one backward launch
+
+
+@pytest.mark.parametrize("fp32,prec", [(False, "none"), (True, "tf32"), (True, "tf32x3")])
+def test_fused_backward_rows_agree_on_warps_and_stages(fp32, prec):
+    # a fused launch needs one num_warps / num_stages for dK/dV and dQ; backward() silently splits
+    # otherwise, so a table row that asks for FUSED where they differ would never take effect
+    configs = K.configs
+    fused = 0
+    for wk in (7, 14, 16, 28, 32, 48, 56, 64):
+        for rows in (49, 2_352, 8_192, 37_632, 196_608):
+            facts = dict(fp32=fp32, prec=prec, wide=False, wk=wk, rows=rows, interpret=False)
+            if configs.config("bwd", **facts).get("FUSED"):
+                fused += 1
+                kv, q = configs.config("dkdv", **facts), configs.config("dq", **facts)
+                assert (kv["num_warps"], kv["num_stages"]) == (q["num_warps"], q["num_stages"]), (wk, rows, kv, q)
+    assert fused  # the table does fuse somewhere
 
 
 def test_unsupported_reason():

@@ -1,0 +1,251 @@
+"""Sweeps of the rel-pos attention kernels' block configs and variants (H200; results feed kernels/configs.py).
+
+Each sweep times one kernel's alternatives with the others as shipped, through `configs.OVERRIDES`, by
+CUDA-graph replay (do_bench median, L2 flushed; bench_attention_core.graph_bench). A config that does not
+fit the SM fails at its first launch and is recorded as an error, not fatal.
+
+    python benchmarks/sweep_kernels.py --bwd       # backward: split vs fused launch, dK/dV and dQ blocks; fwd blocks
+    python benchmarks/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
+    python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
+    python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
+    --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
+    when that revision was one file) on the same shapes, in the same process: before / after without
+    a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
+    Writes sweep_kernels.json to --out (default $OUT or .); a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_attention_core import D, HEADS, K, MODES, SOL, flops, graph_bench, make, ours_fns  # noqa: E402
+
+
+@contextlib.contextmanager
+def overrides(table: dict):
+    saved = K.configs.OVERRIDES
+    K.configs.OVERRIDES = table
+    try:
+        yield
+    finally:
+        K.configs.OVERRIDES = saved
+
+
+@contextlib.contextmanager
+def knob(name: str, value):
+    saved = getattr(K, name)
+    setattr(K, name, value)
+    try:
+        yield
+    finally:
+        setattr(K, name, saved)
+
+
+# --warm-only --shard i/n: compile every candidate once, in n processes at once, into Triton's on-disk
+# cache, so that the timing pass that follows (one process, nothing else on the GPU) compiles nothing
+WARM = dict(only=False, shard=0, shards=1, calls=0)
+
+
+def time_call(kernels, q, k, v, rh, rw, do, which: str):
+    """GPU ms of forward ('fwd') or backward ('bwd') through a kernels module, or an error string."""
+    WARM["calls"] += 1
+    if WARM["only"] and WARM["calls"] % WARM["shards"] != WARM["shard"]:
+        return "skipped (another shard warms it)"
+    try:
+        fwd, bwd, _ = ours_fns(q, k, v, rh, rw, do, D ** -0.5, kernels)  # compiles the forward
+        if WARM["only"]:
+            bwd()
+            return 0.0
+        return graph_bench(fwd if which == "fwd" else bwd)
+    except Exception as e:  # noqa: BLE001 - a config that does not fit is a result
+        torch.cuda.synchronize()
+        return f"{type(e).__name__}: {str(e)[:160]}"
+
+
+# --bwd: the backward's launch (split: dQ then dK/dV; fused: one launch) and the dK/dV / dQ blocks on the
+# SAM-B global layer; split vs fused on every 076 shape. RH_SELECT matters for R > 1 tiles only
+# (128-key dK/dV tiles on 64-wide grids).
+_KV = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, RH_SELECT=True)
+       for bm, bn, w, s in ((32, 128, 4, 5), (64, 128, 8, 3), (32, 64, 4, 4), (64, 64, 4, 4), (128, 64, 8, 2))]
+_Q = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+      for bm, bn, w, s in ((128, 64, 8, 3), (64, 64, 4, 4), (128, 64, 4, 2))]
+_FWD = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, RH_SELECT=True)
+        for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3))]
+# fused-launch variants: dK/dV and dQ must agree on warps and stages
+_FUSED = {
+    "fused": {"bwd": dict(FUSED=True)},
+    "fused-4w3s": {"bwd": dict(FUSED=True), "dkdv": dict(num_warps=4, num_stages=3),
+                   "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)},
+    "fused-4w2s": {"bwd": dict(FUSED=True), "dkdv": dict(num_warps=4, num_stages=2),
+                   "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+}
+
+
+def sweep_bwd(results, baseline=None, sam=(64, HEADS), shapes=SOL):
+    rows = []
+    side, b = sam
+    for mode in ("bf16", "fp32-tf32"):
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        q, k, v, rh, rw, do = make(b, side, dtype)
+        cands = [("shipped", "bwd", {}), ("shipped", "fwd", {})]
+        cands += [(f"fwd {c}", "fwd", {"fwd": c}) for c in _FWD]
+        cands += [(name, "bwd", o) for name, o in _FUSED.items()]
+        cands += [(f"dkdv {c}", "bwd", {"dkdv": c}) for c in _KV]
+        cands += [(f"dkdv {c} fused", "bwd", {"dkdv": c, "dq": dict(BLOCK_M=64, BLOCK_N=64, num_warps=c["num_warps"],
+                                                                     num_stages=c["num_stages"]), "bwd": dict(FUSED=True)})
+                  for c in _KV[:2]]
+        cands += [(f"dq {c}", "bwd", {"dq": c}) for c in _Q]
+        for name, which, table in cands:
+            with overrides(table):
+                ms = time_call(K, q, k, v, rh, rw, do, which)
+            rows.append(dict(sweep="sam_b", mode=mode, grid=side, batch=1, variant=name, kernel=which,
+                             **({"ms": ms} if isinstance(ms, float) else {"error": ms})))
+            print(rows[-1], flush=True)
+        if baseline is not None:
+            for which in ("fwd", "bwd"):
+                ms = time_call(baseline, q, k, v, rh, rw, do, which)
+                rows.append(dict(sweep="sam_b", mode=mode, grid=side, batch=1, variant="baseline", kernel=which,
+                                 **({"ms": ms} if isinstance(ms, float) else {"error": ms})))
+                print(rows[-1], flush=True)
+    # split vs fused on the 076 shapes
+    for mode in ("bf16", "fp32-tf32"):
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        for side, batch in shapes:
+            q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+            variants = [("shipped", K, {}), ("fused-4w3s", K, _FUSED["fused-4w3s"])]
+            if mode == "bf16":
+                variants.append(("fused", K, _FUSED["fused"]))
+            if baseline is not None:
+                variants.append(("baseline", baseline, {}))
+            for name, mod, table in variants:
+                with overrides(table):
+                    ms = time_call(mod, q, k, v, rh, rw, do, "bwd")
+                rows.append(dict(sweep="sol", mode=mode, grid=side, batch=batch, variant=name, kernel="bwd",
+                                 **({"ms": ms} if isinstance(ms, float) else {"error": ms})))
+                print(rows[-1], flush=True)
+    results["sweep_bwd"] = rows
+    if not WARM["only"]:
+        print_bwd_tables(rows, shapes)
+    return rows
+
+
+def print_bwd_tables(rows, shapes=SOL):
+    print("\nSAM-B global layer (12 heads, 64x64, D=64), us (TFLOP/s credited: fwd 4, bwd 10 N^2 D per head):")
+    f_fwd, f_bwd = flops(HEADS, 64 * 64, D)
+    for r in rows:
+        if r["sweep"] == "sam_b":
+            tf = (f_fwd if r["kernel"] == "fwd" else f_bwd) / r["ms"] / 1e9 if "ms" in r else 0
+            cell = f"{r['ms'] * 1e3:8.1f} {tf:6.0f}" if "ms" in r else f"ERROR {r['error'][:50]}"
+            print(f"  {r['mode']:<10}{r['kernel']:<4} {r['variant'][:90]:<92}{cell}")
+    print("\n076 shapes, backward us:")
+    names = []
+    for r in rows:
+        if r["sweep"] == "sol" and r["variant"] not in names:
+            names.append(r["variant"])
+    print(f"  {'mode':<10}{'shape':<10}" + "".join(f"{n:>13}" for n in names))
+    for mode in ("bf16", "fp32-tf32"):
+        for side, batch in shapes:
+            cells = []
+            for n in names:
+                r = [x for x in rows if x["sweep"] == "sol" and x["mode"] == mode and (x["grid"], x["batch"]) == (side, batch)
+                     and x["variant"] == n and "ms" in x]
+                cells.append(f"{r[0]['ms'] * 1e3:13.1f}" if r else f"{'-':>13}")
+            print(f"  {mode:<10}{f'{side}x{side}x{batch}':<10}" + "".join(cells))
+
+
+# --narrow: fp32 block configs on the narrow 076 grids (Wk <= 32: several grid rows per key tile)
+NARROW = [(7, 64), (14, 8), (32, 4), (48, 2)]
+_SELECT = [dict(BLOCK_M=64, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bn in (64, 128)]
+NARROW_CANDS = {
+    "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
+            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
+    "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (32, 64, 128)],
+    "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
+           for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
+}
+
+
+def sweep_narrow(results, mode="fp32-tf32"):
+    dtype, prec = MODES[mode]
+    torch.set_float32_matmul_precision(prec)
+    rows = []
+    for side, batch in NARROW:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+        for kern, lst in NARROW_CANDS.items():
+            for c in lst:
+                with overrides({kern: c}):
+                    ms = time_call(K, q, k, v, rh, rw, do, "fwd" if kern == "fwd" else "bwd")
+                rows.append(dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
+                                 **({"ms": ms} if isinstance(ms, float) else {"error": ms})))
+                print(rows[-1], flush=True)
+    results["sweep_narrow"] = rows
+    return rows
+
+
+def sweep_switch(results, knob_name: str, mode: str):
+    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT) off / on, forward and backward, every 076 shape."""
+    dtype, prec = MODES[mode]
+    torch.set_float32_matmul_precision(prec)
+    rows = []
+    for side, batch in SOL:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+        row = dict(mode=mode, grid=side, batch=batch, switch=knob_name)
+        for on in (False, True):
+            with knob(knob_name, on):
+                for which in ("fwd", "bwd"):
+                    row[f"{which}_ms_{'on' if on else 'off'}"] = time_call(K, q, k, v, rh, rw, do, which)
+        print(row, flush=True)
+        rows.append(row)
+    results[f"sweep_{knob_name}"] = rows
+    return rows
+
+
+def load_module(path: str):
+    spec = importlib.util.spec_from_file_location("baseline_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--narrow", action="store_true")
+    ap.add_argument("--kmajor", action="store_true")
+    ap.add_argument("--bias16", action="store_true")
+    ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
+    ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
+    ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the candidates")
+    args = ap.parse_args()
+    WARM["only"] = args.warm_only
+    WARM["shard"], WARM["shards"] = map(int, args.shard.split("/"))
+    results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                   config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
+    path = os.path.join(args.out, "sweep_kernels.json")
+    baseline = load_module(args.baseline) if args.baseline else None
+    for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
+                      (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
+                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16"))):
+        if flag:
+            run()
+            if WARM["only"]:
+                continue
+            with open(path, "w") as f:
+                json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

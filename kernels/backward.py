@@ -1,0 +1,273 @@
+"""Backward kernel: dK/dV programs and dQ programs (which also reduce d_rel_h, d_rel_w), split or fused.
+
+One kernel, `_bwd_kernel`, three ways to launch it (PART, a constexpr, so each is its own binary):
+  "dq"    grid (query blocks, B)  owns a query block, loops over key tiles -> dq, d_rel_h, d_rel_w, and
+                                  delta[i] = <dout[i], out[i]> for dK/dV (stored, when STORE_DELTA)
+  "dkdv"  grid (key tiles, B)     owns a key tile, loops over query blocks -> dk, dv (reads that delta)
+  "both"  grid (key tiles + query blocks, B)   one launch: the first programs are dK/dV ones, the rest dQ
+                                  ones; dK/dV programs then compute delta themselves, per query step
+The split launches run dQ first, so delta needs no kernel of its own. The fused launch saves one more
+launch and lets dK/dV and dQ programs share the chip, which is what small problems (12 heads x a few
+query blocks) need; its price is an extra load of an out tile per dK/dV step.
+
+No atomics: every output element has one writer and a fixed reduction order, so the same inputs give the
+same bits. The price is recomputing P and dP in both parts (7 N*N*D matmuls instead of FA2's 5).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tiles import _biased_scores, _col, _col_ok, _dot, _load_kmajor, _rel_h_column
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _dkdv_program(
+    pid_t, b,
+    Q, K, V, RH, RW, DO, O, LSE, DELTA, DK, DV_, QT, DOT,
+    sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
+    srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
+    sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
+    sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
+    N_Q, qk_scale, scale,
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, BIAS_T: tl.constexpr,
+    RH_SELECT: tl.constexpr, DELTA_INLINE: tl.constexpr,
+):
+    # Owns key tile pid_t (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
+    # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
+    BLOCK_N: tl.constexpr = R * WK_PAD
+    kh0 = pid_t * R
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_dv = tl.arange(0, DV_PAD)
+    row = offs_n // WK_PAD
+    col = _col(offs_n, WK_PAD, R)
+    kh = kh0 + row
+    col_ok = _col_ok(col, WK, WK_PAD)
+    n_ok = col_ok & (kh < HK)
+    j = kh * WK + col
+
+    # k: [BLOCK_N, D_PAD], v: [BLOCK_N, DV_PAD], resident for the whole query loop
+    k = tl.load(K + b * sk_b + j[:, None] * sk_n + offs_d[None, :] * sk_d,
+                mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
+                mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
+    dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
+
+    for m0 in range(0, N_Q, BLOCK_M):
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < N_Q
+        # qT: [D_PAD, BLOCK_M], do: [BLOCK_M, DV_PAD]
+        qT = tl.load(Q + b * sq_b + offs_m[None, :] * sq_n + offs_d[:, None] * sq_d,
+                     mask=m_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+        do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
+                     mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
+        if DELTA_INLINE:  # fused launch: the dQ programs that store delta run beside this one
+            o = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
+                        mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        else:
+            delta = tl.load(DELTA + b * sdl_b + offs_m, mask=m_ok, other=0.0)
+        # bias^T: [BLOCK_N, BLOCK_M]. BIAS_T: rel_h / rel_w are copies with queries contiguous and padded
+        # to whole query blocks, so no query mask (padded queries are dropped from pT below)
+        if BIAS_T:
+            mb_ok = tl.full([BLOCK_M], 1, tl.int1)
+        else:
+            mb_ok = m_ok
+        biasT = tl.load(RW + b * srw_b + offs_m[None, :] * srw_n + col[:, None] * srw_k,
+                        mask=mb_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
+        if R == 1:
+            rh = tl.load(RH + b * srh_b + offs_m * srh_n + kh0 * srh_k, mask=mb_ok, other=0.0)
+            biasT += rh.to(tl.float32)[None, :]
+        elif RH_SELECT:  # R row loads placed by key row: no [BLOCK_N, BLOCK_M] gather
+            for r in tl.static_range(R):
+                # the row test as a [BLOCK_M] vector: Triton's interpreter rejects a vector mask
+                # combined with a 0-d one
+                rh_ok = (tl.zeros([BLOCK_M], tl.int32) + kh0 + r) < HK
+                rh_r = tl.load(RH + b * srh_b + offs_m * srh_n + (kh0 + r) * srh_k,
+                               mask=mb_ok & rh_ok, other=0.0)
+                biasT = tl.where((row == r)[:, None], biasT + rh_r.to(tl.float32)[None, :], biasT)
+        else:
+            rh = tl.load(RH + b * srh_b + offs_m[None, :] * srh_n + kh[:, None] * srh_k,
+                         mask=mb_ok[None, :] & (kh < HK)[:, None], other=0.0)
+            biasT += rh.to(tl.float32)
+
+        qkT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
+        pT = tl.math.exp2(qkT * qk_scale + biasT * _LOG2E - lse[None, :])
+        pT = tl.where(n_ok[:, None] & m_ok[None, :], pT, 0.0)
+        if KMAJOR:  # fp32: the B operands of dV and dK from copies with queries contiguous
+            dv = _dot(pT, _load_kmajor(DOT, b, sdot_b, sdot_d, offs_m, offs_dv, DV), dv, PREC)
+        else:
+            dv = _dot(pT.to(do.dtype), do, dv, PREC)
+        # dpT = v @ do^T: [BLOCK_N, BLOCK_M]
+        dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
+        dsT = pT * (dpT - delta[None, :])
+        if KMAJOR:
+            dk = _dot(dsT, _load_kmajor(QT, b, sqt_b, sqt_d, offs_m, offs_d, D), dk, PREC)
+        else:
+            dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, PREC)
+
+    dk = dk * scale
+    tl.store(DK + b * sdk_b + j[:, None] * sdk_n + offs_d[None, :] * sdk_d, dk.to(DK.dtype.element_ty),
+             mask=n_ok[:, None] & (offs_d[None, :] < D))
+    tl.store(DV_ + b * sdv_b + j[:, None] * sdv_n + offs_dv[None, :] * sdv_d, dv.to(DV_.dtype.element_ty),
+             mask=n_ok[:, None] & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _dq_program(
+    pid_m, b,
+    Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
+    sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
+    srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
+    sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
+    sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
+    N_Q, qk_scale, scale,
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr,
+    STORE_DELTA: tl.constexpr,
+):
+    # Owns query block pid_m, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
+    # reduces them itself: no atomics, fixed order.
+    BLOCK_N: tl.constexpr = R * WK_PAD
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    offs_dv = tl.arange(0, DV_PAD)
+    offs_w = tl.arange(0, WK_PAD)
+    row = offs_n // WK_PAD
+    col = _col(offs_n, WK_PAD, R)
+    m_ok = offs_m < N_Q
+    col_ok = _col_ok(col, WK, WK_PAD)
+
+    # q: [BLOCK_M, D_PAD], do, o: [BLOCK_M, DV_PAD]
+    q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
+                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
+                 mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    o = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
+                mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if STORE_DELTA:  # for the dK/dV launch that follows
+        tl.store(DELTA + b * sdl_b + offs_m, delta, mask=m_ok)
+    lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
+    # rel_w bias [BLOCK_M, BLOCK_N], same for every tile (log2 domain, lse folded in)
+    rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
+                 mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
+
+    dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    if R == 1:
+        drw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    else:
+        drw = tl.zeros([BLOCK_M, WK_PAD], tl.float32)
+    rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
+    if R == 1:
+        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, 0, HK)
+
+    for kh0 in range(0, HK, R):
+        kh = kh0 + row
+        n_ok = col_ok & (kh < HK)
+        j = kh * WK + col
+        # kT: [D_PAD, BLOCK_N], vT: [DV_PAD, BLOCK_N]
+        kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
+                     mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+        vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
+                     mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+        qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+                                    HK, R, RH_SELECT)
+        p = tl.math.exp2(s)
+        p = tl.where(n_ok[None, :], p, 0.0)
+        dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32; 0 on masked keys
+        if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous
+            dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d, D), dq, PREC)
+        else:
+            dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
+        if R == 1:
+            # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
+            tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
+                     tl.sum(ds, 1).to(DRH.dtype.element_ty), mask=m_ok)
+            drw += ds
+        else:
+            ds3 = tl.reshape(ds, [BLOCK_M, R, WK_PAD])
+            offs_r = kh0 + tl.arange(0, R)
+            tl.store(DRH + b * sdrh_b + offs_m[:, None] * sdrh_n + offs_r[None, :] * sdrh_k,
+                     tl.sum(ds3, 2).to(DRH.dtype.element_ty), mask=m_ok[:, None] & (offs_r[None, :] < HK))
+            drw += tl.sum(ds3, 1)
+
+    dq = dq * scale
+    tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d[None, :] * sdq_d, dq.to(DQ.dtype.element_ty),
+             mask=m_ok[:, None] & (offs_d[None, :] < D))
+    if R == 1:
+        tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col[None, :] * sdrw_k,
+                 drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
+    else:
+        tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + offs_w[None, :] * sdrw_k,
+                 drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & (offs_w[None, :] < WK))
+
+
+@triton.jit
+def _bwd_kernel(
+    Q, K, V, RH, RW, RH_T, RW_T, DO, O, LSE, DELTA, DQ, DK, DV_, DRH, DRW, QT, DOT, KT,
+    sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
+    srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,  # rel_h / rel_w as dQ reads them
+    srht_b, srht_n, srht_k, srwt_b, srwt_n, srwt_k,  # as dK/dV reads them (BIAS_T: copies, else the same)
+    sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
+    sdq_b, sdq_n, sdq_d, sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d,
+    sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k,
+    sqt_b, sqt_d, sdot_b, sdot_d, skt_b, skt_d,  # K-major copies (KMAJOR only)
+    N_Q, qk_scale, scale,
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    WK_PAD: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
+    PART: tl.constexpr,  # "dq", "dkdv" or "both" (module docstring)
+    R_KV: tl.constexpr, BLOCK_M_KV: tl.constexpr, RH_SELECT_KV: tl.constexpr, BIAS_T: tl.constexpr,
+    R_Q: tl.constexpr, BLOCK_M_Q: tl.constexpr, RH_SELECT_Q: tl.constexpr,
+):
+    # q, k: [B, N, D]  v, do, out: [B, N, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]  lse, delta: [B, N_Q]
+    # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
+    # pin them to fp32 so the scores, P and the accumulators stay fp32.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    scale = tl.cast(scale, tl.float32)
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    N_KV_TILES: tl.constexpr = (HK + R_KV - 1) // R_KV
+    if PART == "dq":
+        do_kv = False
+        pid_q = pid
+    elif PART == "dkdv":
+        do_kv = True
+        pid_q = 0
+    else:
+        do_kv = pid < N_KV_TILES
+        pid_q = pid - N_KV_TILES
+    if do_kv:
+        _dkdv_program(
+            pid, b, Q, K, V, RH_T, RW_T, DO, O, LSE, DELTA, DK, DV_, QT, DOT,
+            sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
+            srht_b, srht_n, srht_k, srwt_b, srwt_n, srwt_k,
+            sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
+            sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
+            N_Q, qk_scale, scale,
+            HK, WK, D, DV, WK_PAD, R_KV, D_PAD, DV_PAD, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
+            PART == "both",
+        )
+    else:
+        _dq_program(
+            pid_q, b, Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
+            sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
+            srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
+            sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
+            sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
+            N_Q, qk_scale, scale,
+            HK, WK, D, DV, WK_PAD, R_Q, D_PAD, DV_PAD, BLOCK_M_Q, PREC, KMAJOR, RH_SELECT_Q,
+            PART == "dq",
+        )

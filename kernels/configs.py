@@ -1,0 +1,150 @@
+"""Block configs of the rel-pos attention kernels: one table, each row with the measurement behind it.
+
+Blocks are fixed per shape class, never autotuned at run time: autotuning picks by timing, and two
+processes that pick differently give different bits (the backward's reduction order follows the blocks).
+
+How a config is found (`config()`): every row whose conditions hold updates the result, in table order,
+so a row lower down refines the rows above it. Conditions a row may name:
+    fp32      bool   fp32 inputs (False: fp16 / bf16)
+    prec      str    dot precision: "none" (16-bit), "tf32" ("high", "medium"), "tf32x3" ("highest")
+    wide      bool   head dim padded above 64 (ViT-H's 80 -> 128)
+    max_wk    int    key grids at most this wide
+    min_wk    int    key grids at least this wide
+    max_rows  int    at most this many query rows in all (batch * heads * queries)
+    interpret bool   Triton's CPU interpreter (tests)
+Then `OVERRIDES` (tests and benchmark sweeps set it; empty in production) updates per kernel.
+
+Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
+R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
+loads + selects instead of a tile gather, R > 1 only). The "bwd" rows say how the backward is launched:
+FUSED (dK/dV and dQ programs in one launch, each computing delta itself) or split (dQ first, writing
+delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on num_warps and num_stages.
+
+Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import triton
+
+# (kernel, conditions, config, the measurement behind it)
+TABLE = [
+    # ---- fp16 / bf16, head dim <= 64 -----------------------------------------------------------------
+    ("fwd", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
+     "bf16 SAM-B global fwd 0.153 ms vs 0.19 at 128 x 64 / 8 warps (session 2)"),
+    ("dkdv", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
+    ("dq", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
+    ("bwd", dict(fp32=False), dict(FUSED=False),
+     "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; session 6)"),
+    # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and
+    # one launch latency goes
+    ("bwd", dict(fp32=False, max_wk=16), dict(FUSED=True),
+     "bf16 bwd us split -> fused: 7x7x1 14.4 -> 9.3, 14x14x1 26.9 -> 18.3, 16x16x1 24.3 -> 15.3, "
+     "16x16x32 166 -> 154, 7x7x64 39.6 = 39.6 (session 6)"),
+    ("bwd", dict(fp32=False, max_rows=40000), dict(FUSED=True),
+     "bf16 bwd us split -> fused: 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, "
+     "56x56x1 473 -> 447; 32x32x1 84 -> 89 (a loss, session 6)"),
+    # ---- fp32 (TF32 dots), head dim <= 64, with the K-major operand copies ----------------------------
+    # key tiles of one grid row on grids >= 32 wide (BLOCK_N 32): two rows per tile cost 3.4x in the
+    # forward (365 vs 106 us at 32x32x4) and 1.4x in dQ, because of the rel_h gather (session 4)
+    ("fwd", dict(fp32=True), dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, RH_SELECT=True),
+     "fp32 high 48x48x2 fwd 262 us vs 293 at 128 x 64 / 8 warps; selects 1.87x at 32x32x8 (session 4)"),
+    ("dkdv", dict(fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+     "fp32 high SAM-B global bwd 2.12 vs 2.36 ms with 64-query steps (session 2)"),
+    ("dq", dict(fp32=True), dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+     "fp32 high 32x32x4 bwd 570 us vs 573-815 (session 4 narrow sweep)"),
+    ("bwd", dict(fp32=True), dict(FUSED=False),
+     "fp32 high bwd us split vs fused (dQ 64 x 64 / 4 warps): 14x14x8 140 vs 145, 16x16x32 527 vs 570, "
+     "64x64x4 6673 vs 8127 (session 6)"),
+    # key grids at most 8 wide (7x7 windows): dQ with 64-query blocks
+    ("dq", dict(fp32=True, max_wk=8), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "fp32 high 7x7x64 bwd 145 vs 170 us (session 4 narrow sweep)"),
+    # 1-pass TF32 leaves the shared memory for one more stage (3-pass "highest" does not: 256 KB for its
+    # dQ at 3 stages on 64-wide grids, 227 KB available)
+    ("dkdv", dict(prec="tf32"), dict(num_stages=4),
+     "fp32 high SAM-B global (session 2 sweep)"),
+    ("dq", dict(prec="tf32"), dict(num_stages=3),
+     "fp32 high (session 2 sweep)"),
+    # small fp32 problems: one launch, dK/dV's 4 warps / 3 stages for both kinds of program and dQ's blocks
+    # as on 7x7 grids (after the TF32 rows, whose stages these override)
+    ("bwd", dict(fp32=True, max_wk=8), dict(FUSED=True),
+     "fp32 high bwd us split -> fused: 7x7x1 22.5 -> 14.6, 7x7x64 92.8 -> 84.4 (session 6)"),
+    ("bwd", dict(fp32=True, max_wk=16, max_rows=8192), dict(FUSED=True),
+     "fp32 high bwd us split -> fused: 14x14x1 60.3 -> 40.4, 14x14x2 64.0 -> 58.5, 16x16x1 62.1 -> 39.2 (session 6)"),
+    ("dq", dict(fp32=True, max_wk=16, max_rows=8192), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "the fused launch's dQ blocks (rows above)"),
+    ("dkdv", dict(fp32=True, max_wk=8), dict(num_stages=3),
+     "the fused launch's stages (rows above)"),
+    ("dkdv", dict(fp32=True, max_wk=16, max_rows=8192), dict(num_stages=3),
+     "the fused launch's stages (rows above)"),
+    # ---- head dim padded above 64 (ViT-H: 80 -> 128) -------------------------------------------------
+    # replaces the rows above; fp32 tiles twice as wide must fit 227 KB of shared memory (the fp32 D=80
+    # forward at 128 x 64 x 3 stages would want 320 KB)
+    ("fwd", dict(wide=True, fp32=False), dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, RH_SELECT=False),
+     "validated on the H200 for D=80 (session 2)"),
+    ("dkdv", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "validated on the H200 for D=80 (session 2)"),
+    ("dq", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "validated on the H200 for D=80 (session 2)"),
+    ("fwd", dict(wide=True, fp32=True), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, RH_SELECT=False),
+     "fits sm_90 shared memory for D=80 fp32 (session 2)"),
+    ("dkdv", dict(wide=True, fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+     "fits sm_90 shared memory for D=80 fp32 (session 2)"),
+    ("dq", dict(wide=True, fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
+     "fits sm_90 shared memory for D=80 fp32 (session 2)"),
+    # ---- the CPU interpreter: small blocks, so a tiny test shape crosses several query blocks and key
+    # tiles with partial ones at both ends (not measured: correctness only)
+    ("fwd", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False), "tests"),
+    ("dkdv", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1), "tests"),
+    ("dq", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False), "tests"),
+    ("bwd", dict(interpret=True), dict(FUSED=False), "tests"),
+]
+
+# kernel -> config keys that replace the table's result (tests, benchmark sweeps); empty in production
+OVERRIDES: dict[str, dict] = {}
+
+
+def _holds(cond: dict, facts: dict) -> bool:
+    for key, want in cond.items():
+        got = facts[key.removeprefix("max_").removeprefix("min_")]
+        if key.startswith("max_"):
+            if got > want:
+                return False
+        elif key.startswith("min_"):
+            if got < want:
+                return False
+        elif got != want:
+            return False
+    return True
+
+
+def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool) -> dict:
+    """The block config of one kernel for one shape class (see the module docstring)."""
+    facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret)
+    cfg: dict = {}
+    for name, cond, row, _why in TABLE:
+        if name == kernel and _holds(cond, facts):
+            # rows without `wide` are for head dims <= 64 only; rows without `interpret` for the GPU only
+            if wide and "wide" not in cond and not interpret:
+                continue
+            if not interpret or "interpret" in cond:
+                cfg.update(row)
+    cfg.update(OVERRIDES.get(kernel, {}))
+    return cfg
+
+
+def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
+    """(WK_PAD, R): key tile = R grid rows of WK_PAD (padded) columns, BLOCK_N = R * WK_PAD >= 16."""
+    wk_pad = triton.next_power_of_2(wk)
+    r = max(1, target_n // wk_pad)
+    r = min(r, triton.next_power_of_2(hk))  # no tiles taller than the grid
+    while r * wk_pad < 16:  # tl.dot needs every dim >= 16
+        r *= 2
+    return wk_pad, r
+
+
+def pad(d: int) -> int:
+    """Head dim as the kernels see it: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(d))
