@@ -23,6 +23,7 @@ Writes bench_attention_core.json to --out (default $OUT or .).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -157,6 +158,15 @@ def flex_fn(q, k, v, rh, rw, do, scale, side):
     return both
 
 
+def load_module(path: str):
+    """A kernels module from one file (e.g. `git show REV:kernels/rel_pos_attention.py` of a revision when
+    the kernels were one file), to time an older revision beside this one in the same process."""
+    spec = importlib.util.spec_from_file_location("baseline_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def sam_b_global(results, skip_baselines):
     side, b = 64, HEADS
     n = side * side
@@ -199,23 +209,26 @@ def sam_b_global(results, skip_baselines):
     return rows
 
 
-def sol_shapes(results, modes=("bf16", "fp32-tf32")):
-    """Our kernels on the 076 attention shapes: forward, backward and both, each its own CUDA graph."""
+def sol_shapes(results, modes=("bf16", "fp32-tf32"), baseline=None):
+    """Our kernels on the 076 attention shapes: forward, backward and both, each its own CUDA graph;
+    with `baseline` (another revision's kernels module) the same cells for it, in the same process."""
     rows = []
     scale = D ** -0.5
+    impls = [("ours", K)] + ([("baseline", baseline)] if baseline is not None else [])
     for mode in modes:  # fp32 "medium" runs the same TF32 kernels as "high"
         dtype, prec = MODES[mode]
         torch.set_float32_matmul_precision(prec)
         for side, batch in SOL:
             b = batch * HEADS
             q, k, v, rh, rw, do = make(b, side, dtype)
-            fwd, bwd, both = ours_fns(q, k, v, rh, rw, do, scale)
             f_fwd, f_bwd = flops(b, side * side, D)
-            t_f, t_b, ms = graph_bench(fwd), graph_bench(bwd), graph_bench(both)
-            rows.append(dict(mode=mode, grid=side, batch=batch, ms=ms, fwd_ms=t_f, bwd_ms=t_b,
-                             tflops=(f_fwd + f_bwd) / ms / 1e9, fwd_tflops=f_fwd / t_f / 1e9,
-                             bwd_tflops=f_bwd / t_b / 1e9))
-            print(rows[-1], flush=True)
+            for impl, mod in impls:
+                fwd, bwd, both = ours_fns(q, k, v, rh, rw, do, scale, mod)
+                t_f, t_b, ms = graph_bench(fwd), graph_bench(bwd), graph_bench(both)
+                rows.append(dict(impl=impl, mode=mode, grid=side, batch=batch, ms=ms, fwd_ms=t_f, bwd_ms=t_b,
+                                 tflops=(f_fwd + f_bwd) / ms / 1e9, fwd_tflops=f_fwd / t_f / 1e9,
+                                 bwd_tflops=f_bwd / t_b / 1e9))
+                print(rows[-1], flush=True)
     results["sol_076"] = rows
     return rows
 
@@ -225,12 +238,24 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
+    ap.add_argument("--baseline", help="a one-file kernels module (an older revision) timed beside ours on the 076 shapes")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="run each 076 cell once (compiles into Triton's disk cache), time nothing, write nothing")
+    ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the 076 shapes")
     args = ap.parse_args()
+    if args.warm_only:  # several such processes at once, then one timing run that compiles nothing
+        global graph_bench, SOL
+        graph_bench = lambda fn: (fn(), 1.0)[1]  # noqa: E731
+        i, n = map(int, args.shard.split("/"))
+        SOL = SOL[i::n]
+        args.skip_baselines = True
     results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                    config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
     path = os.path.join(args.out, "bench_attention_core.json")
 
     def save():
+        if args.warm_only:
+            return
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
@@ -238,9 +263,12 @@ def main():
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
     results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
     print("host time per call (us), tiny shape:", results["host_us"], flush=True)
-    rows = sam_b_global(results, args.skip_baselines)
+    rows = [] if args.warm_only else sam_b_global(results, args.skip_baselines)
     save()
-    sol = [] if args.skip_sol else sol_shapes(results)
+    baseline = load_module(args.baseline) if args.baseline else None
+    sol = [] if args.skip_sol else sol_shapes(results, baseline=baseline)
+    if args.warm_only:
+        return
     save()
 
     print(f"\n{results['gpu']}  torch {results['torch']}  triton {results['triton']}")
@@ -254,11 +282,18 @@ def main():
         extra = f"{r['fwd_ms']:>8.3f}{r['bwd_ms']:>8.3f}" if "fwd_ms" in r else ""
         print(f"{r['mode']:<13}{r['impl']:<14}{r['ms']:>8.3f}{r['eager_ms']:>8.3f}{r['peak_gb']:>9.3f}"
               f"{r['tflops']:>9.1f}{extra}")
+    print("\n076 attention shapes (12 heads, D=64), us, CUDA-graph replay; TFLOP/s credited (fwd 4, bwd 10 N^2 D)")
+    print(f"{'mode':<11}{'shape':<10}{'fwd+bwd':>9}{'fwd':>8}{'bwd':>8}{'fwd TF':>8}{'bwd TF':>8}{'before':>9}{'speedup':>8}")
     for mode in ("bf16", "fp32-tf32"):
-        ms = [r["ms"] for r in sol if r["mode"] == mode]
-        if ms:
-            print(f"SOL-076 attention core, ours, {mode}: mean {sum(ms) / len(ms) * 1e3:.1f} us over {len(ms)} "
-                  f"workloads; (64,64,4) {[r['ms'] for r in sol if r['mode'] == mode and r['grid'] == 64][0]:.3f} ms")
+        for side, batch in SOL:
+            cell = {r["impl"]: r for r in sol if (r["mode"], r["grid"], r["batch"]) == (mode, side, batch)}
+            if "ours" not in cell:
+                continue
+            r = cell["ours"]
+            before = cell.get("baseline")
+            extra = f"{before['ms'] * 1e3:9.1f}{before['ms'] / r['ms']:8.2f}" if before else ""
+            print(f"{mode:<11}{f'{side}x{side}x{batch}':<10}{r['ms'] * 1e3:9.1f}{r['fwd_ms'] * 1e3:8.1f}"
+                  f"{r['bwd_ms'] * 1e3:8.1f}{r['fwd_tflops']:8.1f}{r['bwd_tflops']:8.1f}{extra}")
 
 
 if __name__ == "__main__":

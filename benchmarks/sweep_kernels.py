@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -28,7 +27,8 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention_core import D, HEADS, K, MODES, SOL, flops, graph_bench, make, ours_fns  # noqa: E402
+from bench_attention_core import (D, HEADS, K, MODES, SOL, flops, graph_bench, load_module, make,  # noqa: E402
+                                  ours_fns)
 
 
 @contextlib.contextmanager
@@ -124,7 +124,8 @@ def sweep_bwd(results, baseline=None, sam=(64, HEADS), shapes=SOL):
         torch.set_float32_matmul_precision(prec)
         for side, batch in shapes:
             q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
-            variants = [("shipped", K, {}), ("fused-4w3s", K, _FUSED["fused-4w3s"])]
+            variants = [("shipped", K, {}), ("split", K, {"bwd": dict(FUSED=False)}),
+                        ("fused-4w3s", K, _FUSED["fused-4w3s"])]
             if mode == "bf16":
                 variants.append(("fused", K, _FUSED["fused"]))
             if baseline is not None:
@@ -210,13 +211,6 @@ def sweep_switch(results, knob_name: str, mode: str):
         rows.append(row)
     results[f"sweep_{knob_name}"] = rows
     return rows
-
-
-def load_module(path: str):
-    spec = importlib.util.spec_from_file_location("baseline_kernels", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def main():

@@ -318,7 +318,7 @@ def test_gpu_odd_shapes(matmul_precision):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["bf16", "fp32-high"])
-@pytest.mark.parametrize("b,grid,d", [(12, 64, 64), (24, 14, 80)])
+@pytest.mark.parametrize("b,grid,d", [(12, 64, 64), (24, 14, 80), (96, 14, 64)])  # split, split, fused launch
 def test_gpu_backward_deterministic(b, grid, d, mode, matmul_precision):
     dtype, prec, _ = MODES[mode]
     matmul_precision(prec)
