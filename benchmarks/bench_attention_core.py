@@ -34,6 +34,9 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import env_info  # noqa: E402
+
 try:
     from samhq_fx.kernels import rel_pos_attention as K
 except ImportError:  # run from the repo root without the package installed
@@ -250,7 +253,7 @@ def main():
         SOL = SOL[i::n]
         args.skip_baselines = True
     results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                   config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
+                   env=env_info(), config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
     path = os.path.join(args.out, "bench_attention_core.json")
 
     def save():

@@ -27,6 +27,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import env_info  # noqa: E402
 from bench_attention_core import (D, HEADS, K, MODES, SOL, flops, graph_bench, load_module, make,  # noqa: E402
                                   ours_fns)
 
@@ -227,7 +228,7 @@ def main():
     WARM["only"] = args.warm_only
     WARM["shard"], WARM["shards"] = map(int, args.shard.split("/"))
     results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                   config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
+                   env=env_info(), config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
     path = os.path.join(args.out, "sweep_kernels.json")
     baseline = load_module(args.baseline) if args.baseline else None
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
