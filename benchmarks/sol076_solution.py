@@ -35,15 +35,10 @@ does. `fused="auto"` takes "triton_op" where op.py would (Hopper, kernels availa
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import samhq_fx.op as samhq_op  # noqa: E402  (registers torch.ops.samhq.*)
+import samhq_fx.op as samhq_op  # registers torch.ops.samhq.*
 
 FUSED_CHOICES = ("auto", "triton_op", "opaque")
 
@@ -135,7 +130,7 @@ def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", bac
                  scale: float = 64**-0.5):
         dev = hidden_states.device
         if dev not in resolved:  # "auto" -> a concrete registration, once per device (a constant to Dynamo)
-            resolved[dev] = "opaque" if fused == "opaque" else _resolve(fused, dev)
+            resolved[dev] = _resolve(fused, dev)
         args = [t.detach() for t in (grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
                                      rel_pos_h, rel_pos_w)]
         return compiled(*args, scale=float(scale), fused_=resolved[dev])
