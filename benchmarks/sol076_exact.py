@@ -32,6 +32,7 @@ precision. --time-budget (default 500 s) skips cells that would not finish (list
 
   python benchmarks/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
   python benchmarks/sol076_exact.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
+  python benchmarks/sol076_exact.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
 Writes <out>/sol076_solution.json after every cell and prints a per-workload table and the targets last.
 """
 
@@ -199,6 +200,28 @@ def targets(rows: list[dict], summary: dict, impl: str = "solution") -> list[tup
     return out
 
 
+def markdown(rows, summary) -> str:
+    """README / NOTES table: per workload, each implementation's span us / kernels per call / peak MiB."""
+    order = [bench.wl_name(w) for w in list(sol076.WORKLOADS) + list(bench.EXTRA_WORKLOADS)]
+    lines = []
+    for prec, d in summary.items():
+        impls = list(d)
+        by = {(r["workload"], r["impl"]): r for r in rows if r["precision"] == prec}
+        lines += [f"'{prec}': latency us (kernel span; wall time on CPU) / kernels per call / peak MiB", "", "| workload | " + " | ".join(impls) + " |",
+                  "|---" * (len(impls) + 1) + "|"]
+        for w in [w for w in order if any((w, i) in by for i in impls)]:
+            cells = []
+            for i in impls:
+                r = by.get((w, i))
+                cells.append("-" if r is None else r["status"] if r["status"] != "PASS" else
+                             f"{common.fmt(latency(r), '.0f')} / {common.fmt(r.get('n_kernels'), '.0f')} / "
+                             f"{common.fmt(r.get('peak_mib'), '.0f')}")
+            lines.append(f"| {w} | " + " | ".join(cells) + " |")
+        lines.append("| mean (PASS) | " + " | ".join(common.fmt(d[i]["mean_us"], ".0f") for i in impls) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def print_report(rows, summary, skipped) -> None:
     order = {w: k for k, w in enumerate(bench.wl_name(w) for w in list(sol076.WORKLOADS) + list(bench.EXTRA_WORKLOADS))}
     print()
@@ -222,6 +245,7 @@ def print_report(rows, summary, skipped) -> None:
                            [[i, f"{s['n_pass']}/{s['n']}", common.fmt(s["mean_us"], ".0f"),
                              f"{s['faster_than_inductor_ro']}/{s['n_compared']}"] for i, s in summary[prec].items()])
         print()
+    print(markdown(rows, summary))
     print("targets (solution):")
     for name, value, met in targets(rows, summary):
         print(f"  {name:50s} {common.fmt(value, '.0f') if not isinstance(value, str) else value:>10s}  "
@@ -239,6 +263,7 @@ def parse_args(argv=None):
     ap.add_argument("--time-budget", type=float, default=500.0, help="seconds; 0 = none")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument("--resume", default=None, help="earlier results JSON: keep its finished cells, run the rest")
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: 4x4x2, eager + solution, 2 + 2 calls")
     args = ap.parse_args(argv)
     if args.quick:
@@ -263,7 +288,8 @@ def main(argv=None) -> dict:
     if device.type == "cuda":
         common.check_profiler(device)  # before any CUDA graph is captured
     flusher = common.L2Flusher(device)
-    rows: list[dict] = []
+    rows: list[dict] = [r for r in common.load_rows(args.resume) if r.get("status") in common.DONE_STATUSES]
+    done = {(r["precision"], r["workload"], r["impl"]) for r in rows}
     skipped: list[dict] = []
     path = os.path.join(args.out, RESULTS_NAME)
     config = {"warmup": args.warmup, "iters": args.iters, "l2_flush_bytes": flusher.nbytes, "impls": list(args.impls),
@@ -281,6 +307,8 @@ def main(argv=None) -> dict:
         for wl, atol in args.workloads.items():
             data = copies = None
             for impl in args.impls:
+                if (prec, bench.wl_name(wl), impl) in done:
+                    continue
                 if not budget.fits(impl):
                     skipped.append({"precision": prec, "workload": bench.wl_name(wl), "impl": impl})
                     continue

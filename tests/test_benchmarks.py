@@ -259,3 +259,7 @@ def test_sol076_exact_quick(tmp_path, capsys):
         assert r["wall_us"] > 0 and r["span_us"] is None  # no profiler on CPU
     assert rows["solution"]["graphs"] == 1
     assert "targets (solution)" in out and "every cell passes ('high')" in out
+    assert "| 4x4x2 | " in out  # the markdown table for README / NOTES
+    # resuming from that file runs nothing and keeps the rows
+    p2 = exact.main(["--quick", "--out", str(tmp_path / "again"), "--resume", str(tmp_path / exact.RESULTS_NAME)])
+    assert p2["results"] == p["results"]
