@@ -72,3 +72,37 @@ def test_bad_inputs_are_refused():
         sol076_solution.sol076_backward(*args[:6], args[6][:-1], args[7], scale=0.125)  # rel_pos_h one row short
     with pytest.raises(ValueError, match="fused"):
         sol076_solution.fused_ops("cutlass", torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wl,fused", [((7, 7, 1), "auto"), ((32, 32, 2), "auto"), ((14, 14, 1), "opaque")])
+def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, caplog):
+    """On the GPU: compiled with reduce-overhead, replayed from a CUDA graph (no skips), every gradient passes
+    the benchmark's rule on inputs it was not recorded with, and replays are bitwise reproducible."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    caplog.set_level(logging.INFO, logger="samhq_fx")
+    torch._dynamo.reset()
+    counters.clear()
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        solution = sol076_solution.make_solution(fused=fused)
+        sets = [sol076.make_inputs(*wl, device="cuda", generator=torch.Generator().manual_seed(s)) for s in range(4)]
+        for s in sets[:3]:  # compile, warm up, record
+            torch.compiler.cudagraph_mark_step_begin()
+            solution(*s)
+        torch.compiler.cudagraph_mark_step_begin()
+        got = [g.clone() for g in solution(*sets[3])]
+        torch.compiler.cudagraph_mark_step_begin()
+        again = [g.clone() for g in solution(*sets[3])]
+        ok, why = sol076.check(got, sol076.float64_gradients(*sets[3]), sol076.WORKLOADS[wl])
+        assert ok, why
+        assert all(torch.equal(a, b) for a, b in zip(got, again))
+        assert counters["stats"]["unique_graphs"] == 1 and counters["inductor"]["cudagraph_skips"] == 0
+        assert "reference implementation" not in caplog.text, caplog.text
+    finally:
+        torch.set_float32_matmul_precision(old)
+        torch._dynamo.reset()
