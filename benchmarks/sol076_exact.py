@@ -5,6 +5,8 @@ Implementations (all in one process, per precision and workload):
                              mode="reduce-overhead", fullgraph=True -- one CUDA graph per call, no autograd
   solution-opaque            the same with the opaque registration of the fused op (kernels launched from
                              inside the op, the operand copies with them) instead of the triton_op one
+  solution-combo             the entry with Inductor's combo_kernels (independent small kernels fused side by
+                             side into one launch); untried on the GPU, so not in the default set
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
                              + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
   inductor-reduce-overhead   torch.compile(layer, mode="reduce-overhead") + torch.autograd.grad
@@ -53,11 +55,15 @@ import sol076  # noqa: E402
 import sol076_solution  # noqa: E402
 import sol_execbench_076 as bench  # noqa: E402
 
-IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque")
+IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque",
+         "solution-combo")
 DEFAULT_IMPLS = IMPLS[:4]
-CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "inductor-reduce-overhead", "samhq-reduce-overhead")
-PRIORS = {"solution": 12, "solution-opaque": 10, "inductor-reduce-overhead": 12, "samhq-reduce-overhead": 8,
-          "eager": 3}
+CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "solution-combo", "inductor-reduce-overhead",
+                   "samhq-reduce-overhead")
+SOLUTIONS = {"solution": {}, "solution-opaque": {"fused": "opaque"},
+             "solution-combo": {"options": {"combo_kernels": True}}}  # make_solution() arguments
+PRIORS = {"solution": 12, "solution-opaque": 10, "solution-combo": 12, "inductor-reduce-overhead": 12,
+          "samhq-reduce-overhead": 8, "eager": 3}
 RESULTS_NAME = "sol076_solution.json"
 WARMUP, ITERS = 10, 50  # the benchmark's counts
 # Targets from the issue (H200): checked and printed under the table
@@ -66,8 +72,8 @@ TARGETS = {"high_mean_us": 600, "highest_mean_us": 2500, "span_7x7x1_us": 60, "p
 
 def build(impl: str):
     """call(inputs) -> the 7 gradients, for one implementation (compiled lazily on the first call)."""
-    if impl in ("solution", "solution-opaque"):
-        solution = sol076_solution.make_solution(fused="auto" if impl == "solution" else "opaque")
+    if impl in SOLUTIONS:
+        solution = sol076_solution.make_solution(**SOLUTIONS[impl])
         return lambda inputs: solution(*inputs)
     layer = bench.build_layer(impl)
     return lambda inputs: sol076.layer_backward(*inputs, layer=layer)

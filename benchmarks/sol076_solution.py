@@ -114,16 +114,23 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
 
 
 def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", backend: str = "inductor",
-                  dynamic: bool | None = False):
+                  dynamic: bool | None = False, options: dict | None = None):
     """The entry: a callable with the benchmark's signature (grad_output, the 7 inputs, scale) -> 7 gradients.
 
-    sol076_backward compiled whole (fullgraph) with `mode`; mode=None gives the eager function. Inputs may
-    require grad (the benchmark's do): they are detached, so the compiled graph has no autograd in it.
-    Each call returns tensors that the next call of a CUDA-graph build may overwrite (clone to keep them)."""
+    sol076_backward compiled whole (fullgraph) with `mode`; mode=None gives the eager function. `options`
+    (Inductor config) are added to the mode's, e.g. {"combo_kernels": True}. Inputs may require grad (the
+    benchmark's do): they are detached, so the compiled graph has no autograd in it. Each call returns
+    tensors that the next call of a CUDA-graph build may overwrite (clone to keep them)."""
     def fn(grad_output, *inputs, scale, fused_):
         return sol076_backward(grad_output, *inputs, scale=scale, fused=fused_)
 
-    compiled = fn if mode is None else torch.compile(fn, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic)
+    if mode is None:
+        compiled = fn
+    elif options:  # torch.compile takes a mode or options, not both: spell the mode out as its options
+        opts = {**torch._inductor.list_mode_options(mode), **options}
+        compiled = torch.compile(fn, backend=backend, options=opts, fullgraph=True, dynamic=dynamic)
+    else:
+        compiled = torch.compile(fn, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic)
     resolved = {}
 
     def solution(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
