@@ -35,7 +35,8 @@ precision. --time-budget (default 500 s) skips cells that would not finish (list
   python benchmarks/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
   python benchmarks/sol076_exact.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
   python benchmarks/sol076_exact.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
-Writes <out>/sol076_solution.json after every cell and prints a per-workload table and the targets last.
+Writes <out>/sol076_solution.json after every cell; prints the per-workload table (markdown), the suite means
+and the targets last.
 """
 
 from __future__ import annotations
@@ -229,29 +230,15 @@ def markdown(rows, summary) -> str:
 
 
 def print_report(rows, summary, skipped) -> None:
-    order = {w: k for k, w in enumerate(bench.wl_name(w) for w in list(sol076.WORKLOADS) + list(bench.EXTRA_WORKLOADS))}
+    """The markdown table per precision (README / NOTES), each implementation's suite line, the targets."""
     print()
-    for prec in summary:
-        impls = list(summary[prec])
-        by = {(r["workload"], r["impl"]): r for r in rows if r["precision"] == prec}
-        wls = sorted({w for w, _ in by}, key=lambda w: order.get(w, 99))
-
-        def cell(w, i):
-            r = by.get((w, i))
-            if r is None:
-                return "-"
-            if r["status"] != "PASS":
-                return r["status"]
-            return f"{common.fmt(latency(r), '.0f')}/{common.fmt(r.get('n_kernels'), '.0f')}/{common.fmt(r.get('peak_mib'), '.0f')}"
-
-        print(f"precision '{prec}': latency us / kernels per call / peak MiB "
-              f"({'kernel span' if any(r.get('span_us') for r in by.values()) else 'wall time'}, median of the timed calls)")
-        common.print_table(["workload", *impls], [[w, *(cell(w, i) for i in impls)] for w in wls])
+    print(markdown(rows, summary))
+    for prec, d in summary.items():
+        print(f"'{prec}', mean over PASS workloads:")
         common.print_table(["impl", "pass/n", "mean_us", "faster than Inductor RO"],
                            [[i, f"{s['n_pass']}/{s['n']}", common.fmt(s["mean_us"], ".0f"),
-                             f"{s['faster_than_inductor_ro']}/{s['n_compared']}"] for i, s in summary[prec].items()])
+                             f"{s['faster_than_inductor_ro']}/{s['n_compared']}"] for i, s in d.items()])
         print()
-    print(markdown(rows, summary))
     print("targets (solution):")
     for name, value, met in targets(rows, summary):
         print(f"  {name:50s} {common.fmt(value, '.0f') if not isinstance(value, str) else value:>10s}  "
