@@ -74,9 +74,11 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
     x2 = hidden_states.reshape(M, C)
     g2 = grad_output.reshape(M, C)
 
-    # ---- forward recompute: q, k, v head-major ([B*heads, N, d], one copy of qkv), rel terms, attention
+    # ---- forward recompute: q, k, v head-major ([B*heads, N, d]), rel terms, attention. Three copies, not
+    # one of all qkv: k and v can be freed while q still serves the table GEMM, each has the size of the
+    # kernels' K-major copies of it (so Inductor may fuse the two), and at B == 1 they are views, no copy.
     qkv = torch.addmm(qkv_bias, x2, qkv_weight.t())
-    q, k, v = qkv.view(B, N, 3, nh, d).permute(2, 0, 3, 1, 4).reshape(3, BH, N, d).unbind(0)
+    q, k, v = (t.permute(0, 2, 1, 3).reshape(BH, N, d) for t in qkv.view(B, N, 3, nh, d).unbind(2))
     tables = torch.cat([rel_pos_h, rel_pos_w])  # [rows_h + rows_w, d]
     t = torch.mm(q.reshape(BH * N, d), tables.t()).view(BH, H, W, rows_h + rows_w)
     i_h, i_w = torch.arange(H, device=dev), torch.arange(W, device=dev)
