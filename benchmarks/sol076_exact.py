@@ -163,7 +163,8 @@ def summarize(rows: list[dict]) -> dict:
     out: dict = {}
     for prec in dict.fromkeys(r["precision"] for r in rows):
         pr = [r for r in rows if r["precision"] == prec]
-        ind = {r["workload"]: latency(r) for r in pr if r["impl"] == "inductor-reduce-overhead" and r["status"] == "PASS"}
+        ind = {r["workload"]: latency(r) for r in pr
+               if r["impl"] == "inductor-reduce-overhead" and r["status"] == "PASS"}
         out[prec] = {}
         for impl in [i for i in IMPLS if any(r["impl"] == i for r in pr)]:
             ok = [r for r in pr if r["impl"] == impl and r["status"] == "PASS" and latency(r) is not None]
@@ -180,7 +181,8 @@ def summarize(rows: list[dict]) -> dict:
 def targets(rows: list[dict], summary: dict, impl: str = "solution") -> list[tuple[str, object, bool | None]]:
     """(target, measured value, met?) for the issue's targets, for `impl`; None where not measured."""
     def cell(prec, wl, key):
-        r = [r for r in rows if (r["precision"], r["workload"], r["impl"]) == (prec, wl, impl) and r["status"] == "PASS"]
+        r = [r for r in rows
+             if (r["precision"], r["workload"], r["impl"]) == (prec, wl, impl) and r["status"] == "PASS"]
         return latency(r[0]) if r and key == "latency" else (r[0].get(key) if r else None)
 
     def full(prec):  # a suite mean counts only when every workload of the suite passed
@@ -214,7 +216,8 @@ def markdown(rows, summary) -> str:
     for prec, d in summary.items():
         impls = list(d)
         by = {(r["workload"], r["impl"]): r for r in rows if r["precision"] == prec}
-        lines += [f"'{prec}': latency us (kernel span; wall time on CPU) / kernels per call / peak MiB", "", "| workload | " + " | ".join(impls) + " |",
+        lines += [f"'{prec}': latency us (kernel span; wall time on CPU) / kernels per call / peak MiB", "",
+                  "| workload | " + " | ".join(impls) + " |",
                   "|---" * (len(impls) + 1) + "|"]
         for w in [w for w in order if any((w, i) in by for i in impls)]:
             cells = []
@@ -317,7 +320,8 @@ def main(argv=None) -> dict:
                 save()
                 common.log(f"{prec:7s} {bench.wl_name(wl):8s} {impl:25s} {row['status']:5s} "
                            f"{'span' if row['span_us'] is not None else 'wall'} {common.fmt(latency(row)):>9s} us  "
-                           f"kernels {common.fmt(row['n_kernels'], '.0f'):>4s}  peak {common.fmt(row['peak_mib']):>8s} MiB"
+                           f"kernels {common.fmt(row['n_kernels'], '.0f'):>4s}  "
+                           f"peak {common.fmt(row['peak_mib']):>8s} MiB"
                            f"  compile {common.fmt(row['compile_s'])} s"
                            + ("" if row["status"] == "PASS" else f"  [{row['detail'][:100]}]"), t0)
             del data, copies
