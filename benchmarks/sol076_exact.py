@@ -112,7 +112,6 @@ def run_cell(impl, wl, precision, data, copies, device, flusher, args) -> dict:
         call(0)
         common.sync(device)
         row["compile_s"] = round(time.perf_counter() - tc, 3)
-        row["graphs"] = counters["stats"]["unique_graphs"] - graphs0  # Dynamo graphs (the solution: 1)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
@@ -142,7 +141,8 @@ def run_cell(impl, wl, precision, data, copies, device, flusher, args) -> dict:
             row["peak_mib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
         else:
             row["wall_us"] = common.median(common.wall_times(timed, args.iters, device, flusher, before))
-        if before:
+        row["graphs"] = counters["stats"]["unique_graphs"] - graphs0  # Dynamo graphs over the cell (solution: 1)
+        if before:  # > 0: Inductor refused to capture, so the cell ran without CUDA graphs
             row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips0
     except Exception as e:  # one implementation's failure must not end the run
         row["status"] = "ERROR"
@@ -323,6 +323,8 @@ def main(argv=None) -> dict:
                            f"kernels {common.fmt(row['n_kernels'], '.0f'):>4s}  "
                            f"peak {common.fmt(row['peak_mib']):>8s} MiB"
                            f"  compile {common.fmt(row['compile_s'])} s"
+                           + (f"  graphs {row.get('graphs')}, cudagraph skips {row['cudagraph_skips']}"
+                              if row.get("cudagraph_skips") else "")
                            + ("" if row["status"] == "PASS" else f"  [{row['detail'][:100]}]"), t0)
             del data, copies
             common.reset_compile_state()
