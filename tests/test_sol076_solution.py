@@ -108,18 +108,18 @@ def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, caplog):
         torch._dynamo.reset()
 
 
-def test_every_workload_compiles_past_the_recompile_limit(monkeypatch):
+def test_every_workload_compiles_past_the_recompile_limit():
     """The benchmark runs all its workloads in one process: each shape gets its own graph, even past Dynamo's
     recompile limit (where it would otherwise run uncompiled)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
-    solution = sol076_solution.make_solution(mode="default", backend="eager")  # Dynamo only: quick on CPU
-    for wl in [(2, 2, 1), (3, 2, 1), (2, 2, 1)]:
-        args = sol076.make_inputs(*wl, generator=torch.Generator().manual_seed(4))
-        ok, why = sol076.check(solution(*args), sol076.float64_gradients(*args), 1e-4)
-        assert ok, why
+    with torch._dynamo.config.patch(recompile_limit=1):
+        solution = sol076_solution.make_solution(mode="default", backend="eager")  # Dynamo only: quick on CPU
+        for wl in [(2, 2, 1), (3, 2, 1), (2, 2, 1)]:
+            args = sol076.make_inputs(*wl, generator=torch.Generator().manual_seed(4))
+            ok, why = sol076.check(solution(*args), sol076.float64_gradients(*args), 1e-4)
+            assert ok, why
     assert counters["stats"]["unique_graphs"] == 2  # compiled once per shape, the repeat hit its graph
     torch._dynamo.reset()
