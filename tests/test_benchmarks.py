@@ -204,3 +204,62 @@ def test_train_step_cells_parse():
     a = train_step.parse_args(["--cells", "bf16/4/samhq-sdpa;tf32/1/inductor"])
     assert a.cells == {("samhq-sdpa", 4, "bf16"), ("inductor", 1, "tf32")}
     assert set(a.dtype) == {"bf16", "tf32"} and set(a.batch) == {1, 4}
+
+
+# ------------------------------------------------------------------------------------------- 076 by its rules
+def test_sol076_exact_fresh_copies_are_distinct():
+    import sol076_exact as exact
+
+    inputs = sol076.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(0))
+    copies = exact.fresh_copies(inputs, 3)
+    ptrs = {t.data_ptr() for c in copies for t in c} | {t.data_ptr() for t in inputs}
+    assert len(ptrs) == 4 * len(inputs)  # no two calls (nor the original) share an address
+    for c in copies:
+        assert [t.requires_grad for t in c] == [t.requires_grad for t in inputs]
+        assert all(a.is_leaf and torch.equal(a, b) for a, b in zip(c, inputs))
+
+
+def test_sol076_exact_targets_and_summary():
+    """The target lines read the right cells: a suite mean only when all 16 passed; wins counted per workload."""
+    import sol076_exact as exact
+
+    rows = []
+    for k, wl in enumerate(map(bench.wl_name, sol076.WORKLOADS)):
+        rows.append({"precision": "high", "workload": wl, "impl": "inductor-reduce-overhead", "status": "PASS",
+                     "span_us": 1000.0})
+        rows.append({"precision": "high", "workload": wl, "impl": "solution", "status": "PASS",
+                     "span_us": 1500.0 if wl == "32x32x1" else 50.0 + k, "peak_mib": 650.0})
+    summary = exact.summarize(rows)
+    s = summary["high"]["solution"]
+    assert (s["n_pass"], s["faster_than_inductor_ro"], s["n_compared"]) == (16, 15, 16)
+    t = {name.split(" ")[0] + name.split(" ")[1]: (value, met) for name, value, met in exact.targets(rows, summary)}
+    mean = (sum(50.0 + k for k in range(16)) - (50.0 + 8) + 1500.0) / 16
+    assert t["'high'mean"] == (mean, mean <= 600)
+    assert t["7x7x1span"] == (50.0, True) and t["64x64x4peak"] == (650.0, True)
+    assert t["fasterthan"] == ("15/16", False) and t["'highest'mean"] == (None, None)
+    rows[-1]["status"] = "FAIL"  # 64x64x4 fails: no suite mean, and its peak is not counted
+    t = {name.split(" ")[0] + name.split(" ")[1]: (value, met) for name, value, met in
+         exact.targets(rows, exact.summarize(rows))}
+    assert t["'high'mean"] == (None, None) and t["64x64x4peak"] == (None, None) and t["everycell"] == ("15/16", False)
+
+
+def test_sol076_exact_quick(tmp_path, capsys):
+    """CPU smoke run of the exact-rules runner: eager and the compiled entry at 4x4x2, both checked against fp64;
+    the entry is one Dynamo graph (fullgraph, no autograd)."""
+    import sol076_exact as exact
+
+    p = exact.main(["--quick", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    on_disk = json.loads((tmp_path / exact.RESULTS_NAME).read_text())
+    assert on_disk["results"] == json.loads(json.dumps(p["results"], default=str))
+    rows = {r["impl"]: r for r in p["results"]}
+    assert set(rows) == {"eager", "solution"}
+    for r in rows.values():
+        assert r["status"] == "PASS", r["detail"]
+        assert r["wall_us"] > 0 and r["span_us"] is None  # no profiler on CPU
+    assert rows["solution"]["graphs"] == 1
+    assert "targets (solution)" in out and "every cell passes ('high')" in out
+    assert "| 4x4x2 | " in out  # the markdown table for README / NOTES
+    # resuming from that file runs nothing and keeps the rows
+    p2 = exact.main(["--quick", "--out", str(tmp_path / "again"), "--resume", str(tmp_path / exact.RESULTS_NAME)])
+    assert p2["results"] == p["results"]

@@ -1,0 +1,161 @@
+"""SOL-ExecBench L2/076 as a leaderboard entry: the layer's backward written out, one CUDA graph per call.
+
+The benchmark's call is "forward, then torch.autograd.grad of 7 inputs". Through autograd (even compiled,
+even with CUDA graphs) that is two graph replays with the autograd engine's host work between them: on the
+small workloads the GPU idles most of the call (benchmarks/NOTES.md, session 5). Here the same gradients
+come from one function with no autograd in it:
+
+    sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                    rel_pos_h, rel_pos_w, scale) -> the 7 gradients (sol076.INPUT_NAMES order)
+
+built from samhq-fx's pieces (the fused op's forward and backward, `torch.ops.samhq.*`) and plain GEMMs,
+for any grid, batch and head count (heads = hidden // head_dim, head_dim = rel_pos_h.shape[1]).
+`solution(...)` compiles it with torch.compile(mode="reduce-overhead", fullgraph=True): forward recompute
+and backward are one captured graph, replayed with no host work between its kernels.
+
+How the rel-pos terms are computed (no table gather in the forward, no scatter in the backward):
+SAM's rel_h[b, i, j, kh] = <q[b, i, j], rel_pos_h[i - kh + H - 1]>. So one GEMM against both tables,
+T = q @ [rel_pos_h; rel_pos_w]^T ([B*heads*N, (2H-1) + (2W-1)]), gives every product, and rel_h / rel_w
+are T's entries at a shifted column (an index gather that Inductor fuses into one pointwise kernel). The
+backward mirrors it: d_rel_h / d_rel_w are shifted back into dT (each (query row, table row) pair has at
+most one key row, so this is a gather with a mask, not a scatter-add: deterministic, no atomics), then
+dq += dT @ tables and d_tables = dT^T @ q are two more plain GEMMs. The price: T and dT are about twice
+the size of rel_h + rel_w (the shifted columns that no key row uses).
+
+The projection bias gradient rides in its weight-gradient GEMM: the merged attention output is copied into
+[B*N, hidden + 4] anyway (heads-major -> token-major), so that copy also writes a column of ones (and three
+of zeros, keeping rows 16-byte aligned), and grad_output^T @ it gives [dW_proj | db_proj]. The QKV bias
+gradient is a column sum of dqkv, which Inductor can fuse into the kernel that assembles dqkv.
+
+The fused op comes in two registrations (samhq_fx/op.py): "triton_op" lets Inductor trace into the host
+function, so the fp32 kernels' operand copies (K-major q, k, v, dout, bias) become Inductor kernels that it
+may fuse with the copies around them; "opaque" launches them from inside the op, as the transparent path
+does. `fused="auto"` takes "triton_op" where op.py would (Hopper, kernels available), "opaque" elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import samhq_fx.op as samhq_op  # registers torch.ops.samhq.*
+
+FUSED_CHOICES = ("auto", "triton_op", "opaque")
+
+
+def fused_ops(fused: str, device: torch.device):
+    """(forward op, backward op) of the fused attention for `fused` in FUSED_CHOICES."""
+    if fused not in FUSED_CHOICES:
+        raise ValueError(f"fused={fused!r}; choose from {FUSED_CHOICES}")
+    if fused == "auto":
+        fused = "triton_op" if samhq_op.HAS_INDUCTOR_VARIANT and samhq_op.kernels_verified_for(device) else "opaque"
+    if fused == "triton_op" and samhq_op.HAS_INDUCTOR_VARIANT:
+        return (torch.ops.samhq.rel_pos_attention_inductor.default,
+                torch.ops.samhq.rel_pos_attention_inductor_backward.default)
+    return torch.ops.samhq.rel_pos_attention.default, torch.ops.samhq.rel_pos_attention_backward.default
+
+
+def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
+                    scale: float, fused: str = "opaque"):
+    """The 7 gradients of the SAM-HQ attention layer (sol076.attention_layer), forward recomputed.
+
+    Plain tensor code: no autograd, traceable with fullgraph=True. Returns them in sol076.INPUT_NAMES order.
+    Self-attention over a B x H x W grid with SAM's table sizes (2H-1, 2W-1: interpolation is the identity).
+    """
+    B, H, W, C = hidden_states.shape
+    d = rel_pos_h.shape[1]
+    nh, N = C // d, H * W
+    M, BH = B * N, B * (C // d)
+    rows_h, rows_w = 2 * H - 1, 2 * W - 1
+    if nh * d != C or rel_pos_h.shape[0] != rows_h or rel_pos_w.shape != (rows_w, d):
+        raise ValueError(f"hidden {C}, tables {tuple(rel_pos_h.shape)} / {tuple(rel_pos_w.shape)} for a {H}x{W} grid")
+    fwd_op, bwd_op = fused_ops(fused, hidden_states.device)
+    dev = hidden_states.device
+    x2 = hidden_states.reshape(M, C)
+    g2 = grad_output.reshape(M, C)
+
+    # ---- forward recompute: q, k, v head-major ([B*heads, N, d]), rel terms, attention. Three copies, not
+    # one of all qkv: k and v can be freed while q still serves the table GEMM, each has the size of the
+    # kernels' K-major copies of it (so Inductor may fuse the two), and at B == 1 they are views, no copy.
+    qkv = torch.addmm(qkv_bias, x2, qkv_weight.t())
+    q, k, v = (t.permute(0, 2, 1, 3).reshape(BH, N, d) for t in qkv.view(B, N, 3, nh, d).unbind(2))
+    tables = torch.cat([rel_pos_h, rel_pos_w])  # [rows_h + rows_w, d]
+    t = torch.mm(q.reshape(BH * N, d), tables.t()).view(BH, H, W, rows_h + rows_w)
+    i_h, i_w = torch.arange(H, device=dev), torch.arange(W, device=dev)
+    col_h = (i_h[:, None] - i_h[None, :] + H - 1).view(1, H, 1, H).expand(BH, H, W, H)  # table row of (i, kh)
+    col_w = (i_w[:, None] - i_w[None, :] + W - 1 + rows_h).view(1, 1, W, W).expand(BH, H, W, W)
+    rel = torch.cat([t.gather(3, col_h), t.gather(3, col_w)], 3).view(BH, N, H + W)
+    rel_h, rel_w = rel[..., :H], rel[..., H:]
+    out, lse = fwd_op(q, k, v, rel_h, rel_w, scale)
+
+    # ---- output projection: [dW_proj | db_proj] in one GEMM (ones column), dout head-major
+    # (pad + a constant column mask: one pointwise kernel; a cat with ones() writes the constant part apart)
+    ones_col = torch.arange(C + 4, device=dev) == C
+    o_ext = F.pad(out.view(B, nh, N, d).permute(0, 2, 1, 3).reshape(M, C), (0, 4)) + ones_col
+    dwb_proj = torch.mm(g2.t(), o_ext)
+    dout = torch.mm(g2, proj_weight).view(B, N, nh, d).permute(0, 2, 1, 3).reshape(BH, N, d)
+
+    # ---- attention backward, then the rel terms back into dT (masked gathers: key row kh = i - r + H - 1)
+    dq, dk, dv, drh, drw = bwd_op(dout, q, k, v, rel_h, rel_w, out, lse, scale)
+    r_h, r_w = torch.arange(rows_h, device=dev), torch.arange(rows_w, device=dev)
+    kh = i_h[:, None] - r_h[None, :] + H - 1  # [H, rows_h]
+    kw = i_w[:, None] - r_w[None, :] + W - 1  # [W, rows_w]
+    dt_h = drh.view(BH, H, W, H).gather(3, kh.clamp(0, H - 1).view(1, H, 1, rows_h).expand(BH, H, W, rows_h))
+    dt_w = drw.view(BH, H, W, W).gather(3, kw.clamp(0, W - 1).view(1, 1, W, rows_w).expand(BH, H, W, rows_w))
+    dt = torch.cat([dt_h.masked_fill(((kh < 0) | (kh >= H)).view(1, H, 1, rows_h), 0),
+                    dt_w.masked_fill(((kw < 0) | (kw >= W)).view(1, 1, W, rows_w), 0)], 3).view(BH * N, rows_h + rows_w)
+    dq_rel = torch.mm(dt, tables)
+    d_tables = torch.mm(dt.t(), q.reshape(BH * N, d))
+
+    # ---- QKV projection: dqkv token-major, then dX, dW, db
+    dq = dq + dq_rel.view(BH, N, d)
+    dqkv = torch.stack([dq, dk, dv]).view(3, B, nh, N, d).permute(1, 3, 0, 2, 4).reshape(M, 3 * C)
+    dx = torch.mm(dqkv, qkv_weight).view(B, H, W, C)
+    return (dx, torch.mm(dqkv.t(), x2), dqkv.sum(0), dwb_proj[:, :C], dwb_proj[:, C],
+            d_tables[:rows_h], d_tables[rows_h:])
+
+
+def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", backend: str = "inductor",
+                  dynamic: bool | None = False, options: dict | None = None):
+    """The entry: a callable with the benchmark's signature (grad_output, the 7 inputs, scale) -> 7 gradients.
+
+    sol076_backward compiled whole (fullgraph) with `mode`; mode=None gives the eager function. `options`
+    (Inductor config) are added to the mode's, e.g. {"combo_kernels": True}. Inputs may require grad (the
+    benchmark's do): they are detached, so the compiled graph has no autograd in it. Each call returns
+    tensors that the next call of a CUDA-graph build may overwrite (clone to keep them)."""
+    def fn(grad_output, *inputs, scale, fused_):
+        return sol076_backward(grad_output, *inputs, scale=scale, fused=fused_)
+
+    if mode is None:
+        compiled = fn
+    elif options:  # torch.compile takes a mode or options, not both: spell the mode out as its options
+        opts = {**torch._inductor.list_mode_options(mode), **options}
+        compiled = torch.compile(fn, backend=backend, options=opts, fullgraph=True, dynamic=dynamic)
+    else:
+        compiled = torch.compile(fn, backend=backend, mode=mode, fullgraph=True, dynamic=dynamic)
+    resolved = {}
+    seen = set()
+
+    def solution(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
+                 scale: float = 64**-0.5):
+        dev = hidden_states.device
+        if dev not in resolved:  # "auto" -> a concrete registration, once per device (a constant to Dynamo)
+            resolved[dev] = _resolve(fused, dev)
+        args = [t.detach() for t in (grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                     rel_pos_h, rel_pos_w)]
+        key = (dev, float(scale), *(t.shape for t in args))
+        if compiled is fn or key in seen:
+            return compiled(*args, scale=float(scale), fused_=resolved[dev])
+        seen.add(key)
+        # A new workload compiles a new graph (static shapes). Past Dynamo's recompile limit (8 per function)
+        # the call would silently run uncompiled, and the benchmark runs its 16 workloads in one process.
+        limit = max(64, torch._dynamo.config.recompile_limit)
+        with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, limit)):
+            return compiled(*args, scale=float(scale), fused_=resolved[dev])
+
+    return solution
+
+
+def _resolve(fused: str, device: torch.device) -> str:
+    fwd, _ = fused_ops(fused, device)
+    return "triton_op" if fwd is not torch.ops.samhq.rel_pos_attention.default else "opaque"
