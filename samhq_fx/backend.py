@@ -1,7 +1,7 @@
 """The `samhq` torch.compile backend: Inductor, plus the rel-pos attention rewrite.
 
     torch.compile(model, backend="samhq")                           # registered as an entry point
-    torch.compile(model, backend="samhq", mode="reduce-overhead")   # any Inductor mode
+    torch.compile(model, backend="samhq", mode="reduce-overhead")   # any Inductor mode, without options
     torch.compile(model, backend="samhq", options={"samhq.dump_dir": "dumps", "max_autotune": True})
 
 Everything but the rewrite is Inductor's. The rewrite runs on the Dynamo graph (before autograd is
@@ -20,10 +20,11 @@ samhq's own options (keys of `options`, or environment variables):
                                             triton_op one where the grid is static and the GPU is a Hopper
                                             (op.kernels_verified_for), unless the mode captures CUDA graphs;
                                             the opaque op everywhere else
-    samhq.host_indices bool, default False  True: build index tensors that the model makes on the host
+    samhq.host_indices bool, default True   build index tensors that the model makes on the host
                                             (torch.arange without a device, as SAM's get_rel_pos does) on
                                             the device of the tensor they index, which removes a host sync
-                                            per use (SAMHQ_FX_HOST_INDICES=1; host_indices.py)
+                                            per use and lets CUDA graphs capture the step
+                                            (SAMHQ_FX_HOST_INDICES=0 turns it off, =1 on; host_indices.py)
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
@@ -41,18 +42,19 @@ from .host_indices import move_host_indices
 from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1, "samhq.triton_op": "auto",
-                 "samhq.host_indices": False, "samhq.inductor": True}
+                 "samhq.host_indices": True, "samhq.inductor": True}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
-def _env_flag(name: str) -> bool:
-    """An on/off environment variable: set to anything but "" or "0" means on."""
-    return os.environ.get(name, "0") not in ("", "0")
+def _env_switch(name: str) -> bool | None:
+    """An on/off environment variable: unset or "" -> None (the default holds), "0" -> False, else True."""
+    val = os.environ.get(name, "")
+    return None if val == "" else val != "0"
 
 
 def _env_defaults() -> dict[str, Any]:
     env = dict(SAMHQ_OPTIONS)
-    if _env_flag("SAMHQ_FX_DISABLE"):
+    if _env_switch("SAMHQ_FX_DISABLE"):
         env["samhq.rewrite"] = False
     if os.environ.get("SAMHQ_FX_DUMP_DIR"):
         env["samhq.dump_dir"] = os.environ["SAMHQ_FX_DUMP_DIR"]
@@ -61,8 +63,9 @@ def _env_defaults() -> dict[str, Any]:
         if triton_op not in _TRITON_OP_ENV:
             raise ValueError(f"samhq backend: SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got {triton_op!r}")
         env["samhq.triton_op"] = _TRITON_OP_ENV[triton_op]
-    if _env_flag("SAMHQ_FX_HOST_INDICES"):
-        env["samhq.host_indices"] = True
+    host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
+    if host_indices is not None:
+        env["samhq.host_indices"] = host_indices
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env

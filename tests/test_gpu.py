@@ -189,7 +189,7 @@ def test_training_runs_are_bitwise_reproducible(no_fallback):
 
 
 def test_host_indices_remove_the_host_syncs(no_fallback):
-    # samhq.host_indices: SAM's rel-pos table indices (torch.arange on the host) are built on the GPU, so a
+    # samhq.host_indices (the default): SAM's rel-pos table indices (torch.arange on the host) are built on the GPU, so a
     # compiled forward + backward runs without one host synchronization (it had two per table per step:
     # the gather's index copy and the backward index_put_'s), computes the same gradients, and the tables'
     # gradients (samhq::index_rows, not an atomic scatter) keep the same bits from run to run.
@@ -198,9 +198,9 @@ def test_host_indices_remove_the_host_syncs(no_fallback):
     model = _model("eager")
     x = torch.randn(2, 3, 128, 128, device="cuda")
     w = torch.randn(2, 32, 16, 16, device="cuda")
-    out0, g0 = _run(model, torch.compile(model, backend="samhq"), x, w)
+    out0, g0 = _run(model, torch.compile(model, backend="samhq", options={"samhq.host_indices": False}), x, w)
     fresh_compile_state()
-    f = torch.compile(model, backend="samhq", options={"samhq.host_indices": True})
+    f = torch.compile(model, backend="samhq")
     _run(model, f, x, w)  # compiles (which may synchronize)
     assert counters["samhq"]["host_indices"] == 8  # 2 layers x (rel_pos_h, rel_pos_w) x 2 aranges
     torch.cuda.synchronize()
