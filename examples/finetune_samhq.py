@@ -105,14 +105,17 @@ def main(argv=None):
     data = [tuple(t.to(device) for t in synthetic_batch(batch, image_size, mask_size, gen)) for _ in range(args.steps)]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     options = {"samhq.dump_dir": args.dump_dir} if args.dump_dir and args.backend == "samhq" else None
+    mode = args.mode
+    if options and mode:  # torch.compile takes mode= or options=, not both: the mode goes in as samhq.mode
+        options, mode = {**options, "samhq.mode": mode}, None
     scope = args.compile or ("vision-encoder" if args.full else "model")
     compiled = model
     if args.backend != "none" and scope == "model":
-        compiled = torch.compile(model, backend=args.backend, mode=args.mode, options=options)
+        compiled = torch.compile(model, backend=args.backend, mode=mode, options=options)
     elif args.backend != "none":
         # All rel-pos attention (and most FLOPs) is in the vision encoder. On the H200 (torch 2.11) plain
         # Inductor, like samhq, fails in the mask decoder's conv backward in bf16 (README: Known issues).
-        model.vision_encoder.compile(backend=args.backend, mode=args.mode, options=options)
+        model.vision_encoder.compile(backend=args.backend, mode=mode, options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"SAM-HQ {'ViT-B 1024' if args.full else 'small'}: {n_params / 1e6:.1f}M params, batch {batch}, "
