@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import re
 import sys
 from pathlib import Path
@@ -376,6 +377,48 @@ def test_activation_checkpointing_regions_are_fused(options):
     assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
     for name, g in grads.items():
         assert rel_err(g, ref_grads[name]) < 1e-4, name
+
+
+def test_compiled_autograd_sends_the_backward_through_samhq(tmp_path):
+    # torch._dynamo.config.compiled_autograd (set before torch.compile, which reads it): a backward called
+    # inside the compiled function is traced into a second graph that the samhq backend compiles too. The
+    # forward's attention is fused, the backward graph calls the fused op's backward, gradients equal eager's.
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager")
+    x = torch.randn(2, 3, 32, 32)
+
+    def step(x):
+        out = model(x).last_hidden_state
+        out.pow(2).mean().backward()
+        return out
+
+    ref, ref_grads = _loss_and_grads(model, model, x)
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        f = torch.compile(step, backend="samhq", options={**FAST, "samhq.dump_dir": str(tmp_path)})
+        for _ in range(2):  # the second step reuses both graphs
+            model.zero_grad(set_to_none=True)
+            out = f(x)
+    assert counters["compiled_autograd"]["captures"] == 1
+    assert counters["samhq"]["graphs"] == 2 and counters["samhq"]["fused"] == 2
+    backward = (tmp_path / "graph_2_before.py").read_text()
+    assert backward.count("torch.ops.samhq.rel_pos_attention_backward.default(") == 2
+    assert rel_err(out, ref.last_hidden_state) < 1e-5
+    for name, g in ref_grads.items():
+        assert rel_err(model.get_parameter(name).grad, g) < 1e-4, name
+
+
+def test_cudagraph_skips_counts_and_keeps_the_reasons(caplog):
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from samhq_fx.debug import cudagraph_skips
+
+    caplog.set_level(logging.WARNING, logger="samhq_fx")
+    with cudagraph_skips() as skips:
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device (x)")  # what Inductor calls
+        counters["inductor"]["cudagraph_skips"] += 1  # a non-CUDA graph: counted, no line
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to after the block")
+    assert skips.count == 2 and skips.reasons == ["skipping cudagraphs due to cpu device (x)"]
+    assert "cpu device (x)" in caplog.text
 
 
 def test_inference_mode_uses_the_fused_forward():
