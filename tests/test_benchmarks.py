@@ -9,6 +9,7 @@ calls) and of the extra layers the runner adds (SDPA and FlexAttention variants 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -251,3 +252,10 @@ def test_train_step_cells_parse():
     d = train_step.parse_args([])
     assert {"inductor", "inductor-eager", "inductor-ro", "inductor-eager-ro", "samhq-eager-ro"} <= set(d.impls)
     assert d.optimizer == "adamw-fused" and not any("-ca" in i for i in d.impls)
+
+
+def test_plot_imports_no_runner():
+    # charts depend on results only: plot.py must not import the scripts that produce them
+    src = (Path(plot.__file__)).read_text()
+    for runner in ("sol_execbench_076", "train_step", "inference", "bench_attention_core", "common"):
+        assert not re.search(rf"^\s*(import|from)\s+{runner}\b", src, re.M), runner
