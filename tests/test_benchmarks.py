@@ -254,6 +254,33 @@ def test_train_step_cells_parse():
     assert d.optimizer == "adamw-fused" and not any("-ca" in i for i in d.impls)
 
 
+# ------------------------------------------------------------------------------------------- inference
+@pytest.mark.slow
+def test_inference_quick(tmp_path, capsys):
+    """The CI smoke run: the small SamHQModel's image encoder, eager and samhq, forward only under no_grad; the
+    chart and the table come from the JSON (plot.py) and merging it again gives the same rows."""
+    import inference
+
+    pytest.importorskip("transformers")
+    p = inference.main(["--quick", "--out", str(tmp_path)])
+    rows = {r["impl"]: r for r in p["results"]}
+    assert set(rows) == {"eager-eager", "samhq-eager"}
+    for r in rows.values():
+        assert r["status"] == "OK", r["detail"]
+        assert r["images_per_s"] == pytest.approx(1e3 / r["latency_ms"], rel=1e-3)  # batch 1
+        assert r["target"] == "encoder" and r["graph_breaks"] == 0
+    assert rows["samhq-eager"]["fused"] == 2 and rows["samhq-eager"]["check_rel_diff"] < 1e-4
+    assert "backend='samhq'" in rows["samhq-eager"]["recipe"]
+    (s,) = p["summary"]
+    assert s["best_samhq"] == "samhq-eager" and s["best_eager"] == "eager-eager"
+    path = str(tmp_path / inference.RESULTS_NAME)
+    plot.main([path, path])
+    out = capsys.readouterr().out
+    assert "images_per_s" in out and "samhq-eager" in out
+    merged = json.loads((tmp_path / "inference_merged.json").read_text())
+    assert len(merged["results"]) == 2
+
+
 def test_plot_imports_no_runner():
     # charts depend on results only: plot.py must not import the scripts that produce them
     src = (Path(plot.__file__)).read_text()
