@@ -328,8 +328,10 @@ def test_compiled_autograd_backward_goes_through_samhq(tmp_path, no_fallback):
         assert counters["compiled_autograd"]["captures"] >= 1, mode
         assert counters["samhq"]["graphs"] >= 2 and counters["samhq"]["fused"] == 2, mode  # forward + backward
         graphs = "".join(p.read_text() for p in (tmp_path / mode).glob("graph_*_before.py"))
-        assert len(re.findall(r"samhq\.rel_pos_attention(?:_inductor)?_backward", graphs)) == 2, mode
-        assert "samhq.index_rows_backward" in graphs, mode  # host indices: the tables' deterministic backward
+        # calls, not the source comments that print_readable adds
+        calls = len(re.findall(r"samhq\.rel_pos_attention(?:_inductor)?_backward\.default\(", graphs))
+        assert calls >= 2 and calls % 2 == 0, (mode, calls)  # both layers' backward, per backward graph compiled
+        assert "samhq.index_rows_backward.default(" in graphs, mode  # host indices: the tables' deterministic backward
         assert rel_err(out, ref_out) < 1e-5, mode
         for name, g in ref_grads.items():
             assert rel_err(model.get_parameter(name).grad, g) < 1e-5, (mode, name)
