@@ -393,29 +393,6 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     sys.stdout.flush()
 
 
-def best_per_family(rows: list[dict], group: Sequence[str], value: str, family: Callable[[dict], str]) -> list[dict]:
-    """Per group (e.g. dtype and batch): the fastest OK row of each family (eager, inductor, samhq; lowest
-    `value`), and samhq's speedup over the best Inductor and the best eager row measured in the same run:
-    what a "faster than Inductor" claim is held to."""
-    out = []
-    for key in dict.fromkeys(tuple(r[g] for g in group) for r in rows):
-        best: dict[str, dict] = {}
-        for r in rows:
-            if tuple(r[g] for g in group) != key or r.get("status") != "OK" or not r.get(value):
-                continue
-            f = family(r)
-            if f not in best or r[value] < best[f][value]:
-                best[f] = r
-        entry = dict(zip(group, key))
-        for f, r in best.items():
-            entry[f"best_{f}"], entry[f"best_{f}_{value}"] = r["impl"], r[value]
-        for peer in ("inductor", "eager"):
-            if "samhq" in best and peer in best:
-                entry[f"samhq_speedup_vs_{peer}"] = round(best[peer][value] / best["samhq"][value], 3)
-        out.append(entry)
-    return out
-
-
 def samhq_fused_count() -> int:
     """Attention subgraphs the samhq backend rewrote since the last reset (missing counter -> 0)."""
     try:

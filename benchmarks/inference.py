@@ -24,7 +24,7 @@ timings from different processes are not comparable; --gpus N splits whole group
   check        (out.float() * probe).mean() of the first call, relative difference from eager-eager's (else
                eager-sdpa's) of the same group: FAIL above 1e-2 (tf32) / 1e-1 (bf16);
   cudagraph_skips (reduce-overhead cells), graph_breaks, fused (samhq cells).
-Summary per group: the fastest samhq, Inductor and eager rows and samhq's speedup over each.
+Summary per group: the fastest samhq, Inductor and eager rows and samhq's speedup over each (plot.best_per_family).
 
   python benchmarks/inference.py                          # encoder, tf32+bf16, batch 1+8, 10 impls, 480 s budget
   python benchmarks/inference.py --gpus 2                 # the 4 (dtype, batch) groups over 2 GPUs
@@ -154,7 +154,8 @@ def check_outputs(rows: list[dict]) -> None:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    return common.best_per_family(rows, GROUP, "latency_ms", lambda r: IMPLS[r["impl"]].family)
+    """Per group: the fastest samhq, Inductor and eager rows of this run, samhq's speedup over each."""
+    return plot.best_per_family(rows, GROUP, "latency_ms")
 
 
 def print_report(rows: list[dict]) -> None:

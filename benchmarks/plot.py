@@ -134,15 +134,48 @@ def inference_chart(payload: dict, out_dir: str) -> list[str]:
                       f"SamHQ ViT-B inference (no grad), {payload['env'].get('device')}", "images / s (log)")]
 
 
+def family(row: dict) -> str:
+    """'eager', 'inductor' or 'samhq': the compiler of a train_step / inference row."""
+    return {"none": "eager"}.get(row.get("compiler", "none"), row.get("compiler"))
+
+
+def best_per_family(rows: list[dict], group: tuple, value: str) -> list[dict]:
+    """Per group (e.g. dtype and batch): the fastest OK row of each family (eager, inductor, samhq; lowest
+    `value`), and samhq's speedup over the best Inductor and the best eager row measured in the same run:
+    what a "faster than Inductor" claim is held to."""
+    out = []
+    for key in dict.fromkeys(tuple(r[g] for g in group) for r in rows):
+        best: dict[str, dict] = {}
+        for r in rows:
+            if tuple(r[g] for g in group) != key or r.get("status") != "OK" or not r.get(value):
+                continue
+            f = family(r)
+            if f not in best or r[value] < best[f][value]:
+                best[f] = r
+        entry = dict(zip(group, key))
+        for f, r in best.items():
+            entry[f"best_{f}"], entry[f"best_{f}_{value}"] = r["impl"], r[value]
+        for peer in ("inductor", "eager"):
+            if "samhq" in best and peer in best:
+                entry[f"samhq_speedup_vs_{peer}"] = round(best[peer][value] / best["samhq"][value], 3)
+        out.append(entry)
+    return out
+
+
 # kind: (row key for merging, table columns, chart)
 KINDS = {
     "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
                                                     "status"), sol076_charts),
     "train_step": (("impl", "batch", "dtype"), ("dtype", "batch", "impl", "ms_per_step", "gpu_busy", "peak_mib",
-                                                "status"), train_chart),
+                                                "cudagraph_skips", "status"), train_chart),
     "inference": (("target", "dtype", "batch", "impl"), ("target", "dtype", "batch", "impl", "latency_ms",
-                                                         "images_per_s", "peak_mib", "status"), inference_chart),
+                                                         "images_per_s", "gpu_busy", "peak_mib", "cudagraph_skips",
+                                                         "status"), inference_chart),
 }
+
+
+SUMMARY_GROUPS = {"train_step": ("dtype", "batch"), "inference": ("target", "dtype", "batch")}
+SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 
 def kind_of(path: str, payload: dict) -> str:
@@ -178,9 +211,14 @@ def main(argv=None) -> None:
     merged["results"] = list(rows.values())
     if kind == "sol076":
         merged["summary"] = sol076_summary(merged["results"])
+    else:  # the fastest samhq / Inductor / eager row per group, over the merged rows
+        merged["summary"] = best_per_family(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
     out_dir = os.path.dirname(os.path.abspath(paths[0]))
     msgs = chart(merged, out_dir)
     print_rows(merged["results"], columns)
+    if kind != "sol076" and merged["summary"]:
+        print()
+        print_rows(merged["summary"], list(dict.fromkeys(k for e in merged["summary"] for k in e)))
     if len(paths) > 1:
         out = os.path.splitext(os.path.abspath(paths[0]))[0] + "_merged.json"
         with open(out, "w") as f:

@@ -52,7 +52,7 @@ Measurements per (dtype, batch, impl) cell:
             batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
             tf32, 1e-1 in bf16).
 Summary per (dtype, batch): the fastest samhq, Inductor and eager rows and samhq's speedup over the fastest
-Inductor one (common.best_per_family).
+Inductor one (plot.best_per_family).
 
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
   python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
@@ -263,8 +263,7 @@ def check_losses(rows: list[dict]) -> None:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Per (dtype, batch): the fastest samhq, Inductor and eager rows of this run, samhq's speedup over each."""
-    return common.best_per_family(rows, ("dtype", "batch"), "ms_per_step", lambda r: IMPLS[r["impl"]].family
-                                  if r["impl"] in IMPLS else r.get("compiler", "none").replace("none", "eager"))
+    return plot.best_per_family(rows, ("dtype", "batch"), "ms_per_step")
 
 
 def print_report(rows: list[dict]) -> None:
