@@ -46,7 +46,8 @@ Measurements per (dtype, batch, impl) cell:
             softmax of the explicit path, not the explicit path's Q@K^T / P@V GEMMs or the rel-pos bias
             elementwise kernels, so for eager-eager / inductor-eager it is a lower bound;
   cudagraph_skips, graph_breaks  graphs Inductor compiled without CUDA graphs (with its reasons) and Dynamo
-            graph breaks, over the whole cell;
+            graph breaks, over the whole cell (a compiled-autograd cell has one by design, at backward(); the
+            compiled optimizer adds its own);
   loss, rel_pos_grad_norm  of the first step (the norm of all rel_pos_h/rel_pos_w gradients, which flow only
             through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
             batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
