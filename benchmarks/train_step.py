@@ -90,7 +90,16 @@ QUICK_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, 
                     window_size=2, global_attn_indexes=(1,), output_channels=16)
 ATTN_PATTERN = r"flash|fmha|attention|attn|softmax|sdpa|rel_pos|samhq|flex"
 LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1}  # relative, vs eager: catches wrong math, not rounding
-PRIORS = {n: 10 if i.backend is None else 150 if i.compiled_autograd else 120 for n, i in IMPLS.items()}
+
+
+def prior_s(impl: str, batch: int) -> float:
+    """Guessed seconds for a cell before one like it has run (the budget's estimate, and --gpus' share cost).
+    Compiling dominates; session 5 on the H200 host: 45-60 s at batch 1, 90-120 s at batch 4 (fresh caches);
+    compiled autograd compiles the backward a second way (guess: 1.3x)."""
+    spec = IMPLS[impl]
+    if spec.backend is None:
+        return 10.0
+    return (70.0 if batch <= 1 else 120.0) * (1.3 if spec.compiled_autograd else 1.0)
 RESULTS_NAME = "train_step.json"
 
 
@@ -339,7 +348,8 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    budget = common.Budget(args.time_budget, PRIORS)
+    # the budget's estimates per impl and batch: a batch-4 compile takes about twice a batch-1 one
+    budget = common.Budget(args.time_budget, {f"{i}/{b}": prior_s(i, b) for i in args.impls for b in args.batch})
     t0 = budget.t0
     args.gpus = common.usable_gpus(args.gpus, device, t0)
     env = common.env_info()
@@ -370,7 +380,7 @@ def main(argv=None) -> dict:
                 if (i, b, d) not in done and (not args.cells or (i, b, d) in args.cells)]
         child = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
                  "--no-chart", "--device", "cuda", "--optimizer", args.optimizer] + ([] if args.profile else ["--no-profile"])
-        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: PRIORS[c.split("/")[2]], args.gpus)
+        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: prior_s(c.split("/")[2], int(c.split("/")[1])), args.gpus)
         got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
                                  timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         rows += got
@@ -387,14 +397,14 @@ def main(argv=None) -> dict:
             for impl in args.impls:
                 if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
                     continue
-                if not budget.fits(impl):
+                if not budget.fits(f"{impl}/{batch}"):
                     skipped.append({"impl": impl, "batch": batch, "dtype": dtype})
                     continue
                 tcell = time.perf_counter()
                 row = run_cell(impl, batch, dtype, args, device, attn_re)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
                 row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
-                budget.record(impl, row["cell_s"])
+                budget.record(f"{impl}/{batch}", row["cell_s"])
                 rows.append(row)
                 save()
                 common.log(f"{dtype} B={batch} {impl:15s} {row['status']:5s} "
