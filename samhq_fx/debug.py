@@ -54,13 +54,16 @@ def cudagraph_skips():
                 log.warning("samhq_fx: %s", msg)
 
     handler = _Grab(logging.WARNING)
-    logger = cudagraph_utils.cudagraphs_log
+    # the "cudagraphs" artifact logger; older torch wrote these lines to perf_hint_log (off by default)
+    loggers = [lg for lg in (getattr(cudagraph_utils, n, None) for n in ("cudagraphs_log", "perf_hint_log")) if lg]
     start = counters["inductor"]["cudagraph_skips"]
-    logger.addHandler(handler)
+    for logger in loggers:
+        logger.addHandler(handler)
     try:
         yield out
     finally:
-        logger.removeHandler(handler)
+        for logger in loggers:
+            logger.removeHandler(handler)
         out.count = counters["inductor"]["cudagraph_skips"] - start
 
 
