@@ -192,16 +192,36 @@ def split_calls(recs: list[tuple[str, float, float]], iters: int):
     return spans, kernels
 
 
+def marker_gaps(recs: list[tuple[str, float, float]], iters: int) -> list[float | None]:
+    """Per call, the GPU time from the end of its opening marker to the start of its closing one (us): the
+    call's wall time as the GPU saw it, idle gaps included (the host launches the opening marker, then the
+    call at once).  Paired from the end like split_calls."""
+    cuts = [k for k, r in enumerate(recs) if MARKER_NAME in r[0]]
+    cuts = cuts[len(cuts) % 2:][-2 * iters:]
+    gaps: list[float | None] = [None] * (iters - len(cuts) // 2)
+    gaps += [recs[b][1] - recs[a][2] for a, b in zip(cuts[0::2], cuts[1::2])]
+    return gaps
+
+
+def busy_share(kernels: list[tuple[str, float]], wall_us: float | None) -> float | None:
+    """GPU-busy share of one call: the sum of its GPU records' durations / its wall time (kernels of one
+    stream do not overlap, so this is the fraction of the call the GPU was working)."""
+    if not kernels or not wall_us:
+        return None
+    return sum(d for _, d in kernels) / wall_us
+
+
 def kernel_spans(call: Callable[[int], object], iters: int, device: torch.device,
                  flush: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
-                 ) -> tuple[list[float | None], list[list[tuple[str, float]]]]:
-    """Per-call GPU span (us) from CUPTI records, and the per-call kernel list [(name, duration_us)].
+                 walls: bool = False):
+    """Per-call GPU span (us) from CUPTI records, and the per-call kernel list [(name, duration_us)]; with
+    walls=True also the per-call marker gaps (marker_gaps), as a third list.
 
     GPU stream per call:  [flush] sync [marker] <call's kernels> [marker] sync.  A span is the first start to
-    the last end of the records between the call's two markers.  Returns ([], []) on CPU.
+    the last end of the records between the call's two markers.  Returns empty lists on CPU.
     """
     if device.type != "cuda":
-        return [], []
+        return ([], [], []) if walls else ([], [])
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -215,7 +235,9 @@ def kernel_spans(call: Callable[[int], object], iters: int, device: torch.device
             call(i)
             marker()  # stream-ordered after the call's last kernel, including the autograd backward's
             torch.cuda.synchronize(device)
-    return split_calls(gpu_records(prof), iters)
+    recs = gpu_records(prof)
+    spans, kernels = split_calls(recs, iters)
+    return (spans, kernels, marker_gaps(recs, iters)) if walls else (spans, kernels)
 
 
 def check_profiler(device: torch.device) -> bool:

@@ -1,20 +1,28 @@
-"""Charts for the benchmark results, and a standalone way to merge results files and redraw them.
+"""Charts and summaries of the benchmark results, from the results JSON alone; merging results files.
 
     python benchmarks/plot.py benchmarks/results/sol076.json [other sol076.json ...]   # merge, table, charts
     python benchmarks/plot.py benchmarks/results/train_step.json
+    python benchmarks/plot.py benchmarks/results/inference.json
 
-Merging: rows are keyed by (precision, workload, impl) for sol076 and (impl, batch, dtype) for train_step;
-a later file wins.  The merged JSON is written next to the first file as *_merged.json.
-matplotlib is optional (not installed in CI): without it the charts are skipped with a message.
+Everything here reads result rows (dicts from the runners' JSON), nothing else: the runners
+(sol_execbench_076.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
+can be redrawn from a results file without the code that timed it.  Orders come from the rows (workloads by
+size, implementations as they first appear).
+Merging: rows are keyed by (precision, workload, impl) for sol076, (impl, batch, dtype) for train_step and
+(target, dtype, batch, impl) for inference; a later file wins.  The merged JSON is written next to the first
+file as *_merged.json.  matplotlib is optional (not installed in CI): without it the charts are skipped with
+a message.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+PRECISION_ORDER = ("highest", "high", "medium")  # fp32 matmul precisions, most exact first
 
 
 def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: bool = True) -> str:
@@ -48,20 +56,54 @@ def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: boo
     return f"wrote {path}"
 
 
+def _first_seen(rows: list[dict], key: str) -> list:
+    return list(dict.fromkeys(r[key] for r in rows))
+
+
+def _workload_size(name: str) -> tuple:
+    """'64x64x4' -> (4096, 4): tokens, then batch."""
+    h, w, b = (int(v) for v in re.findall(r"\d+", name)[:3])
+    return h * w, b
+
+
+def metric(row):
+    """Headline latency of a sol076 row: kernel span on CUDA, wall time where there is no span (CPU)."""
+    return row.get("span_us") if row.get("span_us") is not None else row.get("wall_us")
+
+
+def sol076_summary(rows: list[dict]) -> dict:
+    """Per precision and implementation: mean latency over PASS workloads, PASS count, and the geometric-mean
+    speedup over eager across workloads where both passed (means over different workload sets would mislead)."""
+    out: dict = {}
+    for prec in sorted({r["precision"] for r in rows}):
+        pr = [r for r in rows if r["precision"] == prec]
+        eager = {r["workload"]: metric(r) for r in pr if r["impl"] == "eager" and r["status"] == "PASS"}
+        out[prec] = {}
+        for impl in _first_seen(pr, "impl"):
+            ir = [r for r in pr if r["impl"] == impl]
+            ok = [r for r in ir if r["status"] == "PASS" and metric(r) is not None]
+            ratios = [eager[r["workload"]] / metric(r) for r in ok if eager.get(r["workload"])]
+            out[prec][impl] = {
+                "n": len(ir), "n_pass": len(ok),
+                "mean_us": sum(map(metric, ok)) / len(ok) if ok else None,
+                "geomean_speedup_vs_eager": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
+                "n_compared": len(ratios),
+            }
+    return out
+
+
 def sol076_charts(payload: dict, out_dir: str) -> list[str]:
     """One chart per precision: latency (kernel span, else wall) per workload per implementation, log scale.
     Bars only for PASS cells."""
-    import sol_execbench_076 as bench
-
     rows = payload["results"]
     msgs = []
-    for prec in [p for p in bench.PRECISIONS if any(r["precision"] == p for r in rows)]:
+    precs = sorted({r["precision"] for r in rows}, key=lambda p: (PRECISION_ORDER + (p,)).index(p))
+    for prec in precs:
         pr = [r for r in rows if r["precision"] == prec]
-        wls = [w for w in map(bench.wl_name, list(bench.sol076.WORKLOADS) + list(bench.EXTRA_WORKLOADS))
-               if any(r["workload"] == w for r in pr)]
-        impls = [i for i in bench.IMPLS if any(r["impl"] == i for r in pr)]
+        wls = sorted(_first_seen(pr, "workload"), key=_workload_size)
+        impls = _first_seen(pr, "impl")
         cell = {(r["workload"], r["impl"]): r for r in pr}
-        series = {i: [bench.metric(cell[(w, i)]) if (w, i) in cell and cell[(w, i)]["status"] == "PASS" else None
+        series = {i: [metric(cell[(w, i)]) if (w, i) in cell and cell[(w, i)]["status"] == "PASS" else None
                       for w in wls] for i in impls}
         what = "kernel span" if any(r.get("span_us") for r in pr) else "wall time"
         msgs.append(bar_chart(wls, series, os.path.join(out_dir, f"sol076_{prec}.png"),
@@ -74,11 +116,85 @@ def train_chart(payload: dict, out_dir: str) -> list[str]:
     """ms/step per (batch, dtype) group, one bar per implementation."""
     rows = [r for r in payload["results"] if r.get("ms_per_step")]
     groups = sorted({(r["batch"], r["dtype"]) for r in rows})
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    impls = _first_seen(rows, "impl")
     cell = {(r["batch"], r["dtype"], r["impl"]): r["ms_per_step"] for r in rows}
     series = {i: [cell.get((b, d, i)) for b, d in groups] for i in impls}
     return [bar_chart([f"B={b} {d}" for b, d in groups], series, os.path.join(out_dir, "train_step.png"),
                       f"SamHQ ViT-B train step, {payload['env'].get('device')}", "ms / step (log)")]
+
+
+def inference_chart(payload: dict, out_dir: str) -> list[str]:
+    """images/s per (target, dtype, batch) group, one bar per implementation."""
+    rows = [r for r in payload["results"] if r.get("images_per_s")]
+    groups = sorted({(r["target"], r["dtype"], r["batch"]) for r in rows})
+    impls = _first_seen(rows, "impl")
+    cell = {(r["target"], r["dtype"], r["batch"], r["impl"]): r["images_per_s"] for r in rows}
+    series = {i: [cell.get(g + (i,)) for g in groups] for i in impls}
+    return [bar_chart([f"{t} {d} B={b}" for t, d, b in groups], series, os.path.join(out_dir, "inference.png"),
+                      f"SamHQ ViT-B inference (no grad), {payload['env'].get('device')}", "images / s (log)")]
+
+
+def family(row: dict) -> str:
+    """'eager', 'inductor' or 'samhq': the compiler of a train_step / inference row."""
+    return {"none": "eager"}.get(row.get("compiler", "none"), row.get("compiler"))
+
+
+def best_per_family(rows: list[dict], group: tuple, value: str) -> list[dict]:
+    """Per group (e.g. dtype and batch): the fastest OK row of each family (eager, inductor, samhq; lowest
+    `value`), and samhq's speedup over the best Inductor and the best eager row measured in the same run:
+    what a "faster than Inductor" claim is held to."""
+    out = []
+    for key in dict.fromkeys(tuple(r[g] for g in group) for r in rows):
+        best: dict[str, dict] = {}
+        for r in rows:
+            if tuple(r[g] for g in group) != key or r.get("status") != "OK" or not r.get(value):
+                continue
+            f = family(r)
+            if f not in best or r[value] < best[f][value]:
+                best[f] = r
+        entry = dict(zip(group, key))
+        for f, r in best.items():
+            entry[f"best_{f}"], entry[f"best_{f}_{value}"] = r["impl"], r[value]
+        for peer in ("inductor", "eager"):
+            if "samhq" in best and peer in best:
+                entry[f"samhq_speedup_vs_{peer}"] = round(best[peer][value] / best["samhq"][value], 3)
+        out.append(entry)
+    return out
+
+
+# kind: (row key for merging, table columns, chart)
+KINDS = {
+    "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
+                                                    "status"), sol076_charts),
+    "train_step": (("impl", "batch", "dtype"), ("dtype", "batch", "impl", "ms_per_step", "gpu_busy", "peak_mib",
+                                                "cudagraph_skips", "status"), train_chart),
+    "inference": (("target", "dtype", "batch", "impl"), ("target", "dtype", "batch", "impl", "latency_ms",
+                                                         "images_per_s", "gpu_busy", "peak_mib", "cudagraph_skips",
+                                                         "status"), inference_chart),
+}
+
+
+SUMMARY_GROUPS = {"train_step": ("dtype", "batch"), "inference": ("target", "dtype", "batch")}
+SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
+
+
+def kind_of(path: str, payload: dict) -> str:
+    name = os.path.basename(path)
+    for kind in ("train_step", "inference"):
+        if name.startswith(kind) or payload.get("benchmark", "").lower().startswith(kind.replace("_step", "")):
+            return kind
+    return "sol076"
+
+
+def print_rows(rows: list[dict], columns) -> None:
+    def cell(v):
+        return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    table = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(t[i]) for t in table]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
 
 
 def main(argv=None) -> None:
@@ -86,26 +202,23 @@ def main(argv=None) -> None:
     if not paths:
         raise SystemExit(__doc__)
     payloads = [json.load(open(p)) for p in paths]
+    kind = kind_of(paths[0], payloads[0])
+    keys, columns, chart = KINDS[kind]
     merged = dict(payloads[-1])
-    is_train = "ms_per_step" in json.dumps(payloads[0]["results"][:1]) or os.path.basename(paths[0]).startswith("train")
-    key = (lambda r: (r["impl"], r["batch"], r["dtype"])) if is_train else \
-        (lambda r: (r["precision"], r["workload"], r["impl"]))
     rows = {}
     for p in payloads:
-        rows.update({key(r): r for r in p["results"]})
+        rows.update({tuple(r.get(k) for k in keys): r for r in p["results"]})
     merged["results"] = list(rows.values())
+    if kind == "sol076":
+        merged["summary"] = sol076_summary(merged["results"])
+    else:  # the fastest samhq / Inductor / eager row per group, over the merged rows
+        merged["summary"] = best_per_family(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
     out_dir = os.path.dirname(os.path.abspath(paths[0]))
-    if is_train:
-        import train_step
-
-        msgs = train_chart(merged, out_dir)
-        train_step.print_report(merged["results"])
-    else:
-        import sol_execbench_076 as bench
-
-        merged["summary"] = bench.summarize(merged["results"])
-        msgs = sol076_charts(merged, out_dir)
-        bench.print_report(merged["results"], merged["summary"], [])
+    msgs = chart(merged, out_dir)
+    print_rows(merged["results"], columns)
+    if kind != "sol076" and merged["summary"]:
+        print()
+        print_rows(merged["summary"], list(dict.fromkeys(k for e in merged["summary"] for k in e)))
     if len(paths) > 1:
         out = os.path.splitext(os.path.abspath(paths[0]))[0] + "_merged.json"
         with open(out, "w") as f:

@@ -65,7 +65,6 @@ benchmarks/plot.py merges several results files and redraws.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -77,6 +76,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
+import plot  # noqa: E402
 import sol076  # noqa: E402
 
 try:
@@ -292,30 +292,14 @@ def run_cell(impl: str, wl, precision: str, data: WorkloadData, args, device, fl
 
 
 # ---------------------------------------------------------------------------------------------- report
-def metric(row):
-    """Headline latency of a row: kernel span on CUDA, wall time where there is no span (CPU)."""
-    return row.get("span_us") if row.get("span_us") is not None else row.get("wall_us")
+metric = plot.metric  # headline latency: kernel span on CUDA, wall time on CPU
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Per precision and implementation: mean latency over PASS workloads, PASS count, and the geometric-mean
-    speedup over eager across workloads where both passed (means over different workload sets would mislead)."""
-    out: dict = {}
-    for prec in sorted({r["precision"] for r in rows}):
-        pr = [r for r in rows if r["precision"] == prec]
-        eager = {r["workload"]: metric(r) for r in pr if r["impl"] == "eager" and r["status"] == "PASS"}
-        out[prec] = {}
-        for impl in [i for i in IMPLS if any(r["impl"] == i for r in pr)]:
-            ir = [r for r in pr if r["impl"] == impl]
-            ok = [r for r in ir if r["status"] == "PASS" and metric(r) is not None]
-            ratios = [eager[r["workload"]] / metric(r) for r in ok if eager.get(r["workload"])]
-            out[prec][impl] = {
-                "n": len(ir), "n_pass": len(ok),
-                "mean_us": sum(map(metric, ok)) / len(ok) if ok else None,
-                "geomean_speedup_vs_eager": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
-                "n_compared": len(ratios),
-            }
-    return out
+    """plot.sol076_summary, implementations in IMPLS order."""
+    order = {i: k for k, i in enumerate(IMPLS)}
+    return {p: dict(sorted(d.items(), key=lambda kv: order.get(kv[0], len(order))))
+            for p, d in plot.sol076_summary(rows).items()}
 
 
 def print_report(rows: list[dict], summary: dict, skipped: list[dict]) -> None:
@@ -475,8 +459,6 @@ def main(argv=None) -> dict:
 
     payload = save()
     if args.chart:
-        import plot
-
         for msg in plot.sol076_charts(payload, args.out):
             common.log(msg, t0)
     print_report(rows, payload["summary"], skipped)

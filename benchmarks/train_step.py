@@ -1,4 +1,4 @@
-"""Training-step benchmark: HF SamHQVisionModel ViT-B at 1024x1024, forward + backward, per implementation.
+"""Training-step benchmark: HF SamHQVisionModel ViT-B at 1024x1024, forward + backward + optimizer, per implementation.
 
 Model: transformers' SamHQVisionModel with SamHQVisionConfig() defaults (ViT-B: hidden 768, 12 layers, 12 heads,
 window 14, global attention in layers 2/5/8/11, image 1024, patch 16), randomly initialised (seed 0,
@@ -7,38 +7,55 @@ is chosen at construction with SamHQVisionModel._from_config(config, attn_implem
 transformers 5.17 and 5.24 (the layers pick their attention class when they are built), and is verified on the
 built model.
 
-One step = model.zero_grad(set_to_none=True) (untimed), then forward on pixel_values [B,3,1024,1024] and
-loss = (out.last_hidden_state.float() * probe).mean() with a fixed random probe of the output's shape
-[B,256,64,64], loss.backward().  No optimizer step.  (A fixed random projection rather than .pow(2).mean():
-the vision neck ends in a LayerNorm, so the mean square of its output is ~1 whatever the model computes,
-and its gradient ~0, which would make the loss useless as a sanity check.)
-Implementations (attention implementation of the HF model / compiler):
-  eager-sdpa       "sdpa"  / none        SDPA with the dense rel-pos bias as attn_mask (HF default)
-  eager-eager      "eager" / none        explicit softmax
-  inductor         "sdpa"  / torch.compile(model)               (default mode)
-  inductor-eager   "eager" / torch.compile(model)               (not in the default set)
-  samhq-eager      "eager" / torch.compile(model, backend="samhq")
-  samhq-sdpa       "sdpa"  / torch.compile(model, backend="samhq")
+One step = model.zero_grad(set_to_none=True) and torch.compiler.cudagraph_mark_step_begin() (untimed), then
+forward on pixel_values [B,3,1024,1024], loss = (out.last_hidden_state.float() * probe).mean() with a fixed
+random probe of the output's shape [B,256,64,64], loss.backward(), and the optimizer step (--optimizer:
+"adamw-fused" = torch.optim.AdamW(fused=True), the default; "adamw-compiled" = AdamW(foreach=False) whose
+step() is torch.compile'd with Inductor; "none").  lr 1e-6: the weights move, the timing does not care.
+(A fixed random projection rather than .pow(2).mean(): the vision neck ends in a LayerNorm, so the mean square
+of its output is ~1 whatever the model computes, and its gradient ~0, which would make the loss useless as a
+sanity check.)
+Implementations (benchmarks/impls.py; each row's "recipe" says exactly how it was built):
+  eager-sdpa, eager-eager          HF "sdpa" (SDPA with the dense rel-pos bias, HF's default) / "eager" class
+  inductor, inductor-eager         torch.compile(model) on either class, default mode
+  inductor-ro, inductor-eager-ro   the same with mode="reduce-overhead" (CUDA graphs)
+  samhq-eager, samhq-sdpa          torch.compile(model, backend="samhq"), default mode
+  samhq-eager-ro, samhq-sdpa-ro    the same with mode="reduce-overhead"
+  samhq-eager-ca, samhq-eager-ca-ro   compiled autograd: forward + loss + backward inside one
+                                   torch.compile'd function with torch._dynamo.config.compiled_autograd=True,
+                                   so the backward graph goes through the backend too; default mode / CUDA graphs
+  inductor-eager-ca-ro             the same with Inductor (not in the default set)
+Default set: every one but the compiled-autograd ones, so the best Inductor configuration (either attention
+class, either mode) is measured in the same run as samhq; the summary holds samhq to it.
 Precision: "tf32" = fp32 with torch.set_float32_matmul_precision("high"); "bf16" = the same plus
 torch.autocast(bfloat16) around the forward.  Every compile is dynamic=False, fresh per cell.
 
 Measurements per (dtype, batch, impl) cell:
   ms/step   median over --steps steps after --warmup warm-up steps (the first compiles), CUDA events around the
-            step (no L2 flush: a step is ~100 ms, far beyond what L2 state can change);
+            step (no L2 flush: a step is ~50 ms, far beyond what L2 state can change);
   peak MiB  torch.cuda.max_memory_allocated() over the warm-up (after the first step) and timed steps, absolute
-            (parameters, gradients and activations together);
-  attention share  one more step under torch.profiler (CUPTI): sum of GPU kernel durations whose names look like
+            (parameters, gradients, optimizer state and activations together);
+  GPU busy  one more step under torch.profiler (CUPTI): the sum of its GPU records' durations (kernels, memcpy,
+            memset) / the step's wall time on the GPU (from the end of a marker kernel launched right before the
+            step to the start of one launched right after it): how much of the step the GPU worked, the rest
+            being host time it waited for;
+  attention share  in the same profile: sum of GPU kernel durations whose names look like
             attention / total GPU kernel time of the step.  "Look like attention" = name matches ATTN_PATTERN
             (flash, fmha, attention, attn, softmax, sdpa, rel_pos, samhq, flex) or starts with the name of a Triton
             kernel of samhq_fx.kernels.rel_pos_attention.  A heuristic: it catches fused attention kernels and the
             softmax of the explicit path, not the explicit path's Q@K^T / P@V GEMMs or the rel-pos bias
             elementwise kernels, so for eager-eager / inductor-eager it is a lower bound;
+  cudagraph_skips, graph_breaks  graphs Inductor compiled without CUDA graphs (with its reasons) and Dynamo
+            graph breaks, over the whole cell (a compiled-autograd cell has one by design, at backward(); the
+            compiled optimizer adds its own);
   loss, rel_pos_grad_norm  of the first step (the norm of all rel_pos_h/rel_pos_w gradients, which flow only
             through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
             batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
             tf32, 1e-1 in bf16).
+Summary per (dtype, batch): the fastest samhq, Inductor and eager rows and samhq's speedup over the fastest
+Inductor one (plot.best_per_family).
 
-  python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 5 impls, 480 s budget
+  python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
   python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
   python benchmarks/train_step.py --gpus 2                # cells split over 2 GPUs of this host, timed at once
   python benchmarks/train_step.py --quick                 # CPU smoke test (tiny model), used in CI
@@ -59,25 +76,30 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import common  # noqa: E402
+import impls  # noqa: E402
+import plot  # noqa: E402
 
-IMPLS = {  # name: (HF attn_implementation, torch.compile backend or None)
-    "eager-sdpa": ("sdpa", None),
-    "eager-eager": ("eager", None),
-    "inductor": ("sdpa", "inductor"),
-    "inductor-eager": ("eager", "inductor"),
-    "samhq-eager": ("eager", "samhq"),
-    "samhq-sdpa": ("sdpa", "samhq"),
-}
-DEFAULT_IMPLS = ("eager-sdpa", "eager-eager", "inductor", "samhq-eager", "samhq-sdpa")
+IMPLS = impls.IMPLS
+DEFAULT_IMPLS = tuple(n for n, i in IMPLS.items() if not i.compiled_autograd)
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
+OPTIMIZERS = ("adamw-fused", "adamw-compiled", "none")
+LR = 1e-6
 DTYPES = ("tf32", "bf16")
 # Tiny model for the CPU smoke test: 8x8 patch grid, window 2, one global layer.
 QUICK_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=4,
                     window_size=2, global_attn_indexes=(1,), output_channels=16)
 ATTN_PATTERN = r"flash|fmha|attention|attn|softmax|sdpa|rel_pos|samhq|flex"
 LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1}  # relative, vs eager: catches wrong math, not rounding
-PRIORS = {"eager-sdpa": 10, "eager-eager": 10, "inductor": 120, "inductor-eager": 120, "samhq-eager": 120,
-          "samhq-sdpa": 120}
+
+
+def prior_s(impl: str, batch: int) -> float:
+    """Guessed seconds for a cell before one like it has run (the budget's estimate, and --gpus' share cost).
+    Compiling dominates; session 5 on the H200 host: 45-60 s at batch 1, 90-120 s at batch 4 (fresh caches);
+    compiled autograd compiles the backward a second way (guess: 1.3x)."""
+    spec = IMPLS[impl]
+    if spec.backend is None:
+        return 10.0
+    return (70.0 if batch <= 1 else 120.0) * (1.3 if spec.compiled_autograd else 1.0)
 RESULTS_NAME = "train_step.json"
 
 
@@ -106,77 +128,131 @@ def build_model(attn: str, quick: bool, device: torch.device):
     return model.to(device).train(), cfg
 
 
-def run_cell(impl: str, batch: int, dtype: str, args, device, attn_re) -> dict:
-    attn, backend = IMPLS[impl]
-    row = {"impl": impl, "attn_implementation": attn, "compiler": backend or "none", "batch": batch, "dtype": dtype,
-           "status": None, "detail": "", "ms_per_step": None, "peak_mib": None, "compile_s": None,
+def make_optimizer(kind: str, model):
+    """(the optimizer, its step function) for --optimizer; (None, None) for "none"."""
+    if kind == "none":
+        return None, None
+    if kind == "adamw-fused":
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
+        return opt, opt.step
+    # compiled optimizer step (PyTorch's recipe): a tensor lr so a change would not recompile, single-tensor
+    # kernels for Inductor to fuse, the step compiled once with Inductor's default mode
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(LR), foreach=False)
+    return opt, torch.compile(opt.step, backend="inductor")
+
+
+def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
+    import contextlib
+
+    from torch._dynamo.utils import counters
+
+    from samhq_fx.debug import cudagraph_skips
+
+    impl = IMPLS[name]
+    row = {"impl": name, "attn_implementation": impl.attn, "compiler": impl.backend or "none",
+           "mode": impl.mode or "default", "compiled_autograd": impl.compiled_autograd, "optimizer": args.optimizer,
+           "recipe": impls.recipe(impl, "model" if not impl.compiled_autograd else "forward_backward")
+           + f"; optimizer {args.optimizer}", "batch": batch, "dtype": dtype,
+           "status": None, "detail": "", "ms_per_step": None, "peak_mib": None, "compile_s": None, "gpu_busy": None,
            "attn_share": None, "step_span_ms": None, "loss": None, "fused": None}
     cuda = device.type == "cuda"
     common.reset_compile_state()
     common.set_precision("high")
-    model = fn = None
-    try:
-        model, cfg = build_model(attn, args.quick, device)
-        fn = torch.compile(model, backend=backend, dynamic=False) if backend else model
-        x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(batch))
-        x = x.to(device)
-        g = cfg.image_size // cfg.patch_size
-        probe = torch.randn(batch, cfg.output_channels, g, g, generator=torch.Generator().manual_seed(7)).to(device)
-        autocast = dtype == "bf16"
+    model = fn = net = opt_step = skips = None
+    breaks0 = sum(counters["graph_break"].values())
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(impls.compiled_autograd(impl))
+            skips = stack.enter_context(cudagraph_skips())
+            model, cfg = build_model(impl.attn, args.quick, device)
+            kw = impls.compile_kwargs(impl)
+            x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(batch))
+            x = x.to(device)
+            g = cfg.image_size // cfg.patch_size
+            probe = torch.randn(batch, cfg.output_channels, g, g, generator=torch.Generator().manual_seed(7)).to(device)
+            autocast = dtype == "bf16"
+            net = torch.compile(model, **kw) if impl.backend and not impl.compiled_autograd else model
 
-        def step(_i=0):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                out = fn(pixel_values=x)
-            loss = (out.last_hidden_state.float() * probe).mean()
-            loss.backward()
-            return loss
+            def forward_backward(x):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                    out = net(pixel_values=x)
+                loss = (out.last_hidden_state.float() * probe).mean()
+                loss.backward()
+                return loss.detach()
 
-        def zero():
-            model.zero_grad(set_to_none=True)
+            # compiled autograd needs the backward inside the compiled function; elsewhere the model is compiled
+            fn = torch.compile(forward_backward, **kw) if impl.compiled_autograd else forward_backward
+            opt_step = make_optimizer(args.optimizer, model)[1]  # a bound method: it keeps the optimizer
 
-        tc = time.perf_counter()
-        zero()
-        row["loss"] = step().detach().item()  # first step: compiles; .item() synchronizes
-        row["compile_s"] = round(time.perf_counter() - tc, 3)
-        # the rel-pos tables get gradient only through attention: a sharp check of the attention backward
-        row["rel_pos_grad_norm"] = torch.stack([p.grad.float().norm() for n, p in model.named_parameters()
-                                                if "rel_pos" in n and p.grad is not None]).norm().item()
-        if backend == "samhq":
-            row["fused"] = common.samhq_fused_count()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        for i in range(1, args.warmup):
+            def step(_i=0):
+                loss = fn(x)
+                if opt_step is not None:
+                    opt_step()
+                return loss
+
+            def zero():
+                model.zero_grad(set_to_none=True)  # fresh gradients: under CUDA graphs the last ones are graph outputs
+                torch.compiler.cudagraph_mark_step_begin()
+
+            tc = time.perf_counter()
             zero()
-            step()
-        common.sync(device)
-        times = common.wall_times(step, args.steps, device, flush=None, before=zero)
-        row["ms_per_step"] = common.median(times) / 1e3
-        row["ms_all"] = [round(t / 1e3, 3) for t in times]
-        if cuda:
-            row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-        if cuda and args.profile:
-            spans, kernels = common.kernel_spans(step, 1, device, flush=None, before=zero)
-            ks = kernels[0] if kernels else []
-            total = sum(d for _, d in ks)
-            hits: dict[str, float] = {}
-            for name, d in ks:
-                if attn_re.search(name):
-                    hits[name[:120]] = hits.get(name[:120], 0.0) + d
-            if total:
-                row["attn_share"] = round(sum(hits.values()) / total, 4)
-                row["gpu_kernel_ms"] = round(total / 1e3, 3)
-                row["attn_kernels"] = sorted(([n, round(d / 1e3, 3)] for n, d in hits.items()), key=lambda t: -t[1])[:8]
-            if spans and spans[0] is not None:
-                row["step_span_ms"] = round(spans[0] / 1e3, 3)
-        row["status"] = "OK"
-    except Exception as e:  # compile errors, OOM, ...: record and go on
-        row["status"] = "ERROR"
-        row["detail"] = f"{type(e).__name__}: {e}"[:2000]
-        common.log("    " + "\n    ".join(traceback.format_exc().strip().splitlines()[-6:]))
-    finally:
-        del model, fn
-        common.reset_compile_state()
+            loss = fn(x)  # first step, without the optimizer: its loss and gradients are the check
+            row["loss"] = loss.item()  # .item() synchronizes
+            # the rel-pos tables get gradient only through attention: a sharp check of the attention backward
+            row["rel_pos_grad_norm"] = torch.stack([p.grad.float().norm() for n, p in model.named_parameters()
+                                                    if "rel_pos" in n and p.grad is not None]).norm().item()
+            if opt_step is not None:
+                opt_step()
+            common.sync(device)
+            row["compile_s"] = round(time.perf_counter() - tc, 3)
+            if impl.backend == "samhq":
+                row["fused"] = common.samhq_fused_count()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            for i in range(1, args.warmup):
+                zero()
+                step()
+            common.sync(device)
+            times = common.wall_times(step, args.steps, device, flush=None, before=zero)
+            row["ms_per_step"] = common.median(times) / 1e3
+            row["ms_all"] = [round(t / 1e3, 3) for t in times]
+            if cuda:
+                row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+            if cuda and args.profile:
+                profile_step(row, step, zero, device, attn_re)
+            row["status"] = "OK"
+        except Exception as e:  # compile errors, OOM, ...: record and go on
+            row["status"] = "ERROR"
+            row["detail"] = f"{type(e).__name__}: {e}"[:2000]
+            common.log("    " + "\n    ".join(traceback.format_exc().strip().splitlines()[-6:]))
+    row["graph_breaks"] = sum(counters["graph_break"].values()) - breaks0
+    if impl.mode == impls.RO and skips is not None:
+        row["cudagraph_skips"] = skips.count
+        row["cudagraph_skip_reasons"] = skips.reasons[:4]
+    model = fn = net = opt_step = None  # free the cell's model before the next one (the closures hold these cells)
+    common.reset_compile_state()
     return row
+
+
+def profile_step(row: dict, step, zero, device, attn_re) -> None:
+    """One more step under torch.profiler: GPU-busy share, attention share, kernel span."""
+    spans, kernels, walls = common.kernel_spans(step, 1, device, flush=None, before=zero, walls=True)
+    ks = kernels[0] if kernels else []
+    total = sum(d for _, d in ks)
+    hits: dict[str, float] = {}
+    for name, d in ks:
+        if attn_re.search(name):
+            hits[name[:120]] = hits.get(name[:120], 0.0) + d
+    if total:
+        row["attn_share"] = round(sum(hits.values()) / total, 4)
+        row["gpu_kernel_ms"] = round(total / 1e3, 3)
+        row["attn_kernels"] = sorted(([n, round(d / 1e3, 3)] for n, d in hits.items()), key=lambda t: -t[1])[:8]
+    if walls and walls[0]:
+        row["profiled_wall_ms"] = round(walls[0] / 1e3, 3)
+        busy = common.busy_share(ks, walls[0])
+        row["gpu_busy"] = None if busy is None else round(busy, 4)
+    if spans and spans[0] is not None:
+        row["step_span_ms"] = round(spans[0] / 1e3, 3)
 
 
 def check_losses(rows: list[dict]) -> None:
@@ -195,19 +271,36 @@ def check_losses(rows: list[dict]) -> None:
                 r["status"], r["detail"] = "FAIL", f"{key} {r[key]:.6g} vs {ref['impl']} {ref[key]:.6g}"
 
 
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (dtype, batch): the fastest samhq, Inductor and eager rows of this run, samhq's speedup over each."""
+    return plot.best_per_family(rows, ("dtype", "batch"), "ms_per_step")
+
+
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
-    rows = sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
+    rows = sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["batch"],
+                                       order.index(r["impl"]) if r["impl"] in order else len(order)))
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     print()
     common.print_table(
-        ["dtype", "batch", "impl", "ms/step", "peak_MiB", "attn_share", "compile_s", "loss_rel", "grad_rel", "fused",
-         "status", "detail"],
-        [[r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"), common.fmt(r.get("peak_mib")),
-          common.fmt(None if r.get("attn_share") is None else 100 * r["attn_share"], ".1f") +
-          ("%" if r.get("attn_share") is not None else ""), common.fmt(r.get("compile_s")),
+        ["dtype", "batch", "impl", "ms/step", "gpu_busy", "peak_MiB", "attn_share", "compile_s", "loss_rel",
+         "grad_rel", "fused", "cg_skips", "breaks", "status", "detail"],
+        [[r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"), pct(r.get("gpu_busy")),
+          common.fmt(r.get("peak_mib")), pct(r.get("attn_share")), common.fmt(r.get("compile_s")),
           common.fmt(r.get("loss_rel_diff"), ".1e"), common.fmt(r.get("grad_rel_diff"), ".1e"),
-          common.fmt(r.get("fused"), "d"), r["status"],
-          (r.get("detail") or "")[:70]] for r in rows])
+          common.fmt(r.get("fused"), "d"), common.fmt(r.get("cudagraph_skips"), "d"),
+          common.fmt(r.get("graph_breaks"), "d"), r["status"],
+          (r.get("detail") or "; ".join(r.get("cudagraph_skip_reasons") or []))[:70]] for r in rows])
+    summary = summarize(rows)
+    if any("best_samhq" in s for s in summary):
+        print("\nbest per family in this run (ms/step; samhq's speedup over the fastest Inductor / eager row):")
+        common.print_table(
+            ["dtype", "batch", "samhq", "ms", "inductor", "ms", "eager", "ms", "vs_inductor", "vs_eager"],
+            [[s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_ms_per_step"), ".2f"),
+              s.get("best_inductor", "-"), common.fmt(s.get("best_inductor_ms_per_step"), ".2f"),
+              s.get("best_eager", "-"), common.fmt(s.get("best_eager_ms_per_step"), ".2f"),
+              common.fmt(s.get("samhq_speedup_vs_inductor"), ".2f"), common.fmt(s.get("samhq_speedup_vs_eager"), ".2f")]
+             for s in summary])
     sys.stdout.flush()
 
 
@@ -225,7 +318,10 @@ def parse_args(argv=None):
     ap.add_argument("--resume", default=None, help="earlier train_step.json: keep its finished cells, run the rest")
     ap.add_argument("--time-budget", type=float, default=480.0,
                     help="seconds; cells that would not finish in time are skipped (use --resume). 0 = none")
-    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the attention-share profile")
+    ap.add_argument("--optimizer", default="adamw-fused", choices=OPTIMIZERS,
+                    help="the step's optimizer (default adamw-fused: torch.optim.AdamW(fused=True))")
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="skip the profiled step (GPU-busy and attention shares)")
     ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write the PNG chart")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
@@ -239,11 +335,10 @@ def parse_args(argv=None):
     if args.quick:
         args.steps, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
-    spec = args.impls or ",".join(DEFAULT_IMPLS)
-    args.impls = tuple(IMPLS) if spec == "all" else tuple(s.strip() for s in spec.split(",") if s.strip())
-    bad = [i for i in args.impls if i not in IMPLS] + [d for d in args.dtype.split(",") if d not in DTYPES]
+    args.impls = impls.parse(args.impls, DEFAULT_IMPLS)
+    bad = [d for d in args.dtype.split(",") if d not in DTYPES]
     if bad:
-        raise SystemExit(f"unknown {bad}; impls: {', '.join(IMPLS)}; dtypes: {', '.join(DTYPES)}")
+        raise SystemExit(f"unknown dtypes {bad}; dtypes: {', '.join(DTYPES)}")
     args.batch = tuple(int(b) for b in args.batch.split(","))
     args.dtype = tuple(args.dtype.split(","))
     args.warmup, args.steps = max(1, args.warmup), max(1, args.steps)
@@ -253,7 +348,8 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    budget = common.Budget(args.time_budget, PRIORS)
+    # the budget's estimates per impl and batch: a batch-4 compile takes about twice a batch-1 one
+    budget = common.Budget(args.time_budget, {f"{i}/{b}": prior_s(i, b) for i in args.impls for b in args.batch})
     t0 = budget.t0
     args.gpus = common.usable_gpus(args.gpus, device, t0)
     env = common.env_info()
@@ -263,19 +359,19 @@ def main(argv=None) -> dict:
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
     attn_re = attention_regex()
-    done = {(r["impl"], r["batch"], r["dtype"]): r for r in common.load_rows(args.resume)
-            if r.get("status") in common.DONE_STATUSES}
+    done = {(r["impl"], r["batch"], r["dtype"]): r for r in common.load_rows(args.resume)  # older rows: no optimizer
+            if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer}
     rows = list(done.values())
     skipped: list[dict] = []
     path = os.path.join(args.out, RESULTS_NAME)
     method = __doc__[__doc__.index("One step ="):__doc__.index("  python benchmarks")].strip()
     config = {"steps": args.steps, "warmup": args.warmup, "quick": args.quick, "profile": args.profile, "gpus": args.gpus,
-              "attention_regex": attn_re.pattern, "model_config": QUICK_CONFIG if args.quick else "SamHQVisionConfig()"}
+              "optimizer": args.optimizer, "attention_regex": attn_re.pattern, "model_config": QUICK_CONFIG if args.quick else "SamHQVisionConfig()"}
 
     def save():
         check_losses(rows)
         payload = {"benchmark": "SamHQVisionModel ViT-B training step", "env": env, "method": method,
-                   "config": config, "results": rows, "skipped": skipped}
+                   "config": config, "results": rows, "summary": summarize(rows), "skipped": skipped}
         common.write_json(path, payload)
         return payload
 
@@ -283,8 +379,8 @@ def main(argv=None) -> dict:
         todo = [(i, b, d) for d in args.dtype for b in args.batch for i in args.impls
                 if (i, b, d) not in done and (not args.cells or (i, b, d) in args.cells)]
         child = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
-                 "--no-chart", "--device", "cuda"] + ([] if args.profile else ["--no-profile"])
-        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: PRIORS[c.split("/")[2]], args.gpus)
+                 "--no-chart", "--device", "cuda", "--optimizer", args.optimizer] + ([] if args.profile else ["--no-profile"])
+        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: prior_s(c.split("/")[2], int(c.split("/")[1])), args.gpus)
         got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
                                  timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         rows += got
@@ -301,18 +397,19 @@ def main(argv=None) -> dict:
             for impl in args.impls:
                 if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
                     continue
-                if not budget.fits(impl):
+                if not budget.fits(f"{impl}/{batch}"):
                     skipped.append({"impl": impl, "batch": batch, "dtype": dtype})
                     continue
                 tcell = time.perf_counter()
                 row = run_cell(impl, batch, dtype, args, device, attn_re)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
                 row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
-                budget.record(impl, row["cell_s"])
+                budget.record(f"{impl}/{batch}", row["cell_s"])
                 rows.append(row)
                 save()
                 common.log(f"{dtype} B={batch} {impl:15s} {row['status']:5s} "
                            f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
+                           f"busy {common.fmt(None if row['gpu_busy'] is None else 100 * row['gpu_busy'])}%  "
                            f"peak {common.fmt(row['peak_mib']):>8s} MiB  "
                            f"attn {common.fmt(None if row['attn_share'] is None else 100 * row['attn_share'])}%  "
                            f"compile {common.fmt(row['compile_s'])} s"
@@ -321,15 +418,13 @@ def main(argv=None) -> dict:
 
     payload = save()
     if args.chart:
-        import plot
-
         for msg in plot.train_chart(payload, args.out):
             common.log(msg, t0)
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     if skipped:
         print(f"resume with: python {os.path.relpath(__file__)} --resume {path} --out {args.out} --impls {','.join(args.impls)} "
-              f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)}", flush=True)
+              f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)} --optimizer {args.optimizer}", flush=True)
     common.log(f"wrote {path}", t0)
     return payload
 

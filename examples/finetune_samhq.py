@@ -20,9 +20,9 @@ import time
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
-from transformers import SamHQConfig, SamHQModel
+from transformers import SamHQModel
 
-from samhq_fx.models import random_init_, tiny_vision_config, vit_b_vision_config
+from samhq_fx.models import random_init_, sam_hq_config
 
 try:
     from tqdm import tqdm
@@ -31,23 +31,8 @@ except ImportError:  # the progress bar is optional
 
 
 def build_model(full: bool, attn: str) -> SamHQModel:
-    if full:  # SAM-HQ ViT-B: 64x64 tokens, 14x14 windows, 4 global layers
-        cfg = SamHQConfig(vision_config=vit_b_vision_config(attn).to_dict())
-    else:  # 8x8 tokens: a 3x3-window layer (padded to 9x9) + a global layer; one-layer mask decoder
-        vision = tiny_vision_config(
-            attn, image_size=64, patch_size=8, hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
-            global_attn_indexes=[1], window_size=3, mlp_dim=128, output_channels=32, num_pos_feats=16,
-        )
-        cfg = SamHQConfig(
-            vision_config=vision.to_dict(),
-            prompt_encoder_config=dict(hidden_size=32, image_size=64, patch_size=8),
-            mask_decoder_config=dict(
-                hidden_size=32, mlp_dim=64, num_hidden_layers=1, num_attention_heads=2, iou_head_hidden_dim=32,
-                vit_dim=64,
-            ),
-        )
-    cfg.vision_config._attn_implementation = attn
-    return random_init_(SamHQModel(cfg))
+    # full: SAM-HQ ViT-B, 64x64 tokens, 14x14 windows, 4 global layers; else a small one for CPU
+    return random_init_(SamHQModel(sam_hq_config(attn, full)))
 
 
 def synthetic_batch(batch: int, image_size: int, mask_size: int, generator: torch.Generator):
@@ -105,14 +90,17 @@ def main(argv=None):
     data = [tuple(t.to(device) for t in synthetic_batch(batch, image_size, mask_size, gen)) for _ in range(args.steps)]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     options = {"samhq.dump_dir": args.dump_dir} if args.dump_dir and args.backend == "samhq" else None
+    mode = args.mode
+    if options and mode:  # torch.compile takes mode= or options=, not both: the mode goes in as samhq.mode
+        options, mode = {**options, "samhq.mode": mode}, None
     scope = args.compile or ("vision-encoder" if args.full else "model")
     compiled = model
     if args.backend != "none" and scope == "model":
-        compiled = torch.compile(model, backend=args.backend, mode=args.mode, options=options)
+        compiled = torch.compile(model, backend=args.backend, mode=mode, options=options)
     elif args.backend != "none":
         # All rel-pos attention (and most FLOPs) is in the vision encoder. On the H200 (torch 2.11) plain
         # Inductor, like samhq, fails in the mask decoder's conv backward in bf16 (README: Known issues).
-        model.vision_encoder.compile(backend=args.backend, mode=args.mode, options=options)
+        model.vision_encoder.compile(backend=args.backend, mode=mode, options=options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"SAM-HQ {'ViT-B 1024' if args.full else 'small'}: {n_params / 1e6:.1f}M params, batch {batch}, "

@@ -1,15 +1,24 @@
 """The `samhq` torch.compile backend: Inductor, plus the rel-pos attention rewrite.
 
     torch.compile(model, backend="samhq")                           # registered as an entry point
-    torch.compile(model, backend="samhq", mode="reduce-overhead")   # any Inductor mode
+    torch.compile(model, backend="samhq", mode="reduce-overhead")   # any Inductor mode, without options
+    torch.compile(model, backend="samhq", options={"samhq.mode": "reduce-overhead", "samhq.dump_dir": "dumps"})
     torch.compile(model, backend="samhq", options={"samhq.dump_dir": "dumps", "max_autotune": True})
+
+torch.compile refuses `mode=` and `options=` together (RuntimeError, every torch from 2.0 to 2.13, whatever the
+backend), so a mode that comes with other options is the option `samhq.mode`. For a backend given by name
+torch.compile passes `mode` only when it is not "default" and `options` only when not empty.
 
 Everything but the rewrite is Inductor's. The rewrite runs on the Dynamo graph (before autograd is
 traced), here in the backend so its counters and dumps exist even when Inductor's caches hit; the
 same pass object is then given to Inductor as `pre_grad_custom_pass`, where its `uuid()` enters the
-cache key. `compile_fx` does the rest with the mode's and the user's Inductor options.
+cache key. `compile_fx` does the rest with the mode's and the user's Inductor options. Under compiled
+autograd (torch._dynamo.config.compiled_autograd = True) the backward graph comes through here too.
 
 samhq's own options (keys of `options`, or environment variables):
+    samhq.mode         str, default None    an Inductor mode: "default", "reduce-overhead", "max-autotune",
+                                            "max-autotune-no-cudagraphs" (the mode= of torch.compile, which
+                                            cannot come with options=). Given both ways, they must agree
     samhq.rewrite      bool, default True   False: plain Inductor            (SAMHQ_FX_DISABLE=1)
     samhq.dump_dir     str, default None    write graphs + match report here (SAMHQ_FX_DUMP_DIR)
     samhq.min_seq_len  int, default 1       leave attention over fewer keys alone (SAMHQ_FX_MIN_SEQ_LEN)
@@ -20,14 +29,16 @@ samhq's own options (keys of `options`, or environment variables):
                                             triton_op one where the grid is static and the GPU is a Hopper
                                             (op.kernels_verified_for), unless the mode captures CUDA graphs;
                                             the opaque op everywhere else
-    samhq.host_indices bool, default False  True: build index tensors that the model makes on the host
+    samhq.host_indices bool, default True   build index tensors that the model makes on the host
                                             (torch.arange without a device, as SAM's get_rel_pos does) on
                                             the device of the tensor they index, which removes a host sync
-                                            per use (SAMHQ_FX_HOST_INDICES=1; host_indices.py)
+                                            per use and lets CUDA graphs capture the step
+                                            (SAMHQ_FX_HOST_INDICES=0 turns it off, =1 on; host_indices.py)
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
-All other keys are Inductor config options, passed through unchanged.
+All other keys are Inductor config options, passed through unchanged; one that contradicts the mode's own
+setting (e.g. "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override.
 """
 
 from __future__ import annotations
@@ -40,19 +51,20 @@ import torch
 from .host_indices import move_host_indices
 from .rewrite import RelPosAttentionPass
 
-SAMHQ_OPTIONS = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1, "samhq.triton_op": "auto",
-                 "samhq.host_indices": False, "samhq.inductor": True}
+SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
+                 "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
-def _env_flag(name: str) -> bool:
-    """An on/off environment variable: set to anything but "" or "0" means on."""
-    return os.environ.get(name, "0") not in ("", "0")
+def _env_switch(name: str) -> bool | None:
+    """An on/off environment variable: unset or "" -> None (the default holds), "0" -> False, else True."""
+    val = os.environ.get(name, "")
+    return None if val == "" else val != "0"
 
 
 def _env_defaults() -> dict[str, Any]:
     env = dict(SAMHQ_OPTIONS)
-    if _env_flag("SAMHQ_FX_DISABLE"):
+    if _env_switch("SAMHQ_FX_DISABLE"):
         env["samhq.rewrite"] = False
     if os.environ.get("SAMHQ_FX_DUMP_DIR"):
         env["samhq.dump_dir"] = os.environ["SAMHQ_FX_DUMP_DIR"]
@@ -61,8 +73,9 @@ def _env_defaults() -> dict[str, Any]:
         if triton_op not in _TRITON_OP_ENV:
             raise ValueError(f"samhq backend: SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got {triton_op!r}")
         env["samhq.triton_op"] = _TRITON_OP_ENV[triton_op]
-    if _env_flag("SAMHQ_FX_HOST_INDICES"):
-        env["samhq.host_indices"] = True
+    host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
+    if host_indices is not None:
+        env["samhq.host_indices"] = host_indices
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
@@ -85,20 +98,50 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     return ours, inductor
 
 
-def inductor_config_patches(mode: str | None, inductor_options: dict[str, Any]) -> dict[str, Any]:
-    """What torch.compile(backend="inductor", mode=..., options=...) would set."""
+def inductor_modes() -> dict[str, dict[str, Any]]:
+    """{mode: its Inductor options}, as this torch knows them ("default", "reduce-overhead", "max-autotune",
+    "max-autotune-no-cudagraphs"; newer torch adds more)."""
     from torch._inductor import list_mode_options
 
-    patches = dict(list_mode_options(mode) if mode and mode != "default" else {})
+    return list_mode_options()
+
+
+def resolve_mode(mode: str | None, samhq_mode: str | None) -> str:
+    """The one mode from torch.compile's mode= and options["samhq.mode"]: either, or both when they agree."""
+    modes = inductor_modes()
+    for name, val in (("mode", mode), ("options['samhq.mode']", samhq_mode)):
+        if val is not None and val not in modes:
+            raise ValueError(f"samhq backend: {name}={val!r} is not an Inductor mode; valid: {', '.join(modes)}")
+    if mode is not None and samhq_mode is not None and mode != samhq_mode:
+        raise ValueError(f"samhq backend: mode={mode!r} and options['samhq.mode']={samhq_mode!r} differ; give one")
+    return mode or samhq_mode or "default"
+
+
+def inductor_config_patches(mode: str | None, inductor_options: dict[str, Any]) -> dict[str, Any]:
+    """What torch.compile(backend="inductor", mode=..., options=...) would set, if torch.compile took both.
+    An option that contradicts the mode's own setting is an error: torch.compile cannot express that
+    combination for Inductor either, and a silent override would hide which of the two the user meant."""
+    patches = dict(inductor_modes()[mode or "default"])
+    for key, val in inductor_options.items():
+        if key in patches and patches[key] != val:
+            raise ValueError(f"samhq backend: mode {mode!r} sets {key!r}={patches[key]!r}, options set it to "
+                             f"{val!r}; choose the mode that has it (modes: {', '.join(inductor_modes())})")
     patches.update(inductor_options)
     return patches
 
 
 def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options=None):
-    """Dynamo backend: rewrite rel-pos attention, compile the rest with Inductor."""
+    """Dynamo backend: rewrite rel-pos attention, compile the rest with Inductor.
+
+    torch.compile(backend="samhq") calls it with mode= (only when not "default") or options= (only when not
+    empty), never both (torch/__init__.py, _TorchCompileWrapper); a direct caller may give both."""
     from torch._inductor.compile_fx import compile_fx
 
     ours, inductor = split_options(options)
+    mode = resolve_mode(mode, ours["samhq.mode"])
+    if mode != "default" and not ours["samhq.inductor"]:
+        raise ValueError(f"samhq backend: mode {mode!r} is an Inductor mode, and options['samhq.inductor'] is "
+                         f"False (aot_eager, which has no modes); drop one of them")
     patches = inductor_config_patches(mode, inductor)
     graphs = [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]  # gm and its HOP bodies
     if ours["samhq.host_indices"]:

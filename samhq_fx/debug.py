@@ -6,13 +6,65 @@ compiled graph N it writes
     graph_N_after.py    the same graph after the rewrite
     graph_N_report.txt  every candidate (softmax / SDPA), matched or not, and why not
 A one-line summary per graph goes to logging.getLogger("samhq_fx") (`TORCH_LOGS="+samhq_fx"`).
+
+`cudagraph_skips()` says whether CUDA graphs (mode "reduce-overhead") really captured what was compiled
+inside it: Inductor falls back to running a graph without them, with only a warning, when it finds a
+reason (a CPU tensor, a mutated input, a dynamic shape, ...).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch.fx import Graph
+
+log = logging.getLogger("samhq_fx")
+
+
+@dataclass
+class CudagraphSkips:
+    count: int = 0                                     # graphs compiled without CUDA graphs
+    reasons: list[str] = field(default_factory=list)   # Inductor's "skipping cudagraphs due to ..." lines
+
+
+@contextlib.contextmanager
+def cudagraph_skips():
+    """Count the graphs that Inductor compiled without CUDA graphs in this block, with the reasons.
+
+        with cudagraph_skips() as skips:
+            step()                       # compiles with mode="reduce-overhead"
+        assert skips.count == 0, skips.reasons
+
+    Reads counters["inductor"]["cudagraph_skips"], which torch bumps for every skip, and the warnings of its
+    "cudagraphs" log artifact (torch/_inductor/cudagraph_utils.py, log_cudagraph_skip_and_bump_counter; a
+    non-CUDA graph is counted without a line). Each reason is also logged to the samhq_fx logger."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_utils
+
+    out = CudagraphSkips()
+
+    class _Grab(logging.Handler):
+        def emit(self, record):
+            msg = record.getMessage()
+            if "skipping cudagraphs" in msg:
+                out.reasons.append(msg)
+                log.warning("samhq_fx: %s", msg)
+
+    handler = _Grab(logging.WARNING)
+    # the "cudagraphs" artifact logger; older torch wrote these lines to perf_hint_log (off by default)
+    loggers = [lg for lg in (getattr(cudagraph_utils, n, None) for n in ("cudagraphs_log", "perf_hint_log")) if lg]
+    start = counters["inductor"]["cudagraph_skips"]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield out
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+        out.count = counters["inductor"]["cudagraph_skips"] - start
 
 
 def graph_source(graph: Graph) -> str:

@@ -36,6 +36,31 @@ def vit_b_vision_config(attn_implementation: str = "eager"):
     return cfg
 
 
+def sam_hq_config(attn_implementation: str = "eager", full: bool = False):
+    """A whole SamHQModel's config: ViT-B at 1024x1024 (full), or a small one for CPU (8x8 tokens, a 3x3-window
+    layer padded to 9x9 and a global layer, a one-layer mask decoder)."""
+    from transformers import SamHQConfig
+
+    if full:
+        cfg = SamHQConfig(vision_config=vit_b_vision_config(attn_implementation).to_dict())
+    else:
+        vision = tiny_vision_config(
+            attn_implementation, image_size=64, patch_size=8, hidden_size=64, num_attention_heads=4,
+            num_hidden_layers=2, global_attn_indexes=[1], window_size=3, mlp_dim=128, output_channels=32,
+            num_pos_feats=16,
+        )
+        cfg = SamHQConfig(
+            vision_config=vision.to_dict(),
+            prompt_encoder_config=dict(hidden_size=32, image_size=64, patch_size=8),
+            mask_decoder_config=dict(
+                hidden_size=32, mlp_dim=64, num_hidden_layers=1, num_attention_heads=2, iou_head_hidden_dim=32,
+                vit_dim=64,
+            ),
+        )
+    cfg.vision_config._attn_implementation = attn_implementation
+    return cfg
+
+
 @torch.no_grad()
 def random_init_(model: torch.nn.Module, seed: int = 0, rel_pos_std: float = 0.02) -> torch.nn.Module:
     """Fan-in scaled normal weights, small random biases, random rel-pos tables and norms."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import re
 import sys
 from pathlib import Path
@@ -70,6 +71,72 @@ def test_mode_and_options_pass_through_to_inductor(monkeypatch):
     monkeypatch.setenv("SAMHQ_FX_TRITON_OP", "yes")
     with pytest.raises(ValueError, match="SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got 'yes'"):
         samhq_backend(gm, [torch.ones(2)])
+
+
+def _capture_compile_fx(monkeypatch) -> dict:
+    """Stand in for Inductor's compile_fx: record the config patches the backend hands it, run the graph as is."""
+    import torch._inductor.compile_fx
+
+    seen = {}
+
+    def fake_compile_fx(gm, example_inputs, config_patches=None):
+        seen.update(config_patches)
+        return gm.forward
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
+    return seen
+
+
+def test_samhq_mode_with_other_options_runs_through_torch_compile(tmp_path, monkeypatch):
+    # torch.compile refuses mode= with options= whatever the backend; options={"samhq.mode": ...} is the
+    # documented spelling for a mode plus samhq options, and reaches Inductor as that mode's settings
+    seen = _capture_compile_fx(monkeypatch)
+    fresh_compile_state()
+    grad_output, *inputs = sol076.make_inputs(4, 4, 2, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="Either mode or options"):
+        torch.compile(sol076.attention_layer, backend="samhq", mode="reduce-overhead",
+                      options={"samhq.dump_dir": str(tmp_path)})
+    options = {"samhq.mode": "reduce-overhead", "samhq.dump_dir": str(tmp_path)}
+    layer = torch.compile(sol076.attention_layer, backend="samhq", options=options)
+    got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
+    assert seen["triton.cudagraphs"] is True  # reduce-overhead's setting
+    assert seen["pre_grad_custom_pass"].triton_op is False  # "auto" keeps the opaque op under CUDA graphs
+    assert counters["samhq"]["fused"] == 1 and (tmp_path / "graph_1_report.txt").exists()
+    ref = sol076.float64_gradients(grad_output, *inputs)
+    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+        assert rel_err(g, r) < 1e-5, name
+
+
+def test_mode_errors_name_what_conflicts(monkeypatch):
+    seen = _capture_compile_fx(monkeypatch)
+    from samhq_fx.backend import samhq_backend
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    x = [torch.ones(2)]
+    with pytest.raises(ValueError, match=r"options\['samhq.mode'\]='fast' is not an Inductor mode; valid: "
+                                         r"default, .*reduce-overhead.*max-autotune-no-cudagraphs"):
+        samhq_backend(gm, x, options={"samhq.mode": "fast"})
+    with pytest.raises(ValueError, match="mode='turbo' is not an Inductor mode"):
+        samhq_backend(gm, x, mode="turbo")
+    with pytest.raises(ValueError, match=r"mode='max-autotune' and options\['samhq.mode'\]='reduce-overhead' differ"):
+        samhq_backend(gm, x, mode="max-autotune", options={"samhq.mode": "reduce-overhead"})
+    with pytest.raises(ValueError, match="mode 'reduce-overhead' sets 'triton.cudagraphs'=True, options set it to False"):
+        samhq_backend(gm, x, options={"samhq.mode": "reduce-overhead", "triton.cudagraphs": False})
+    with pytest.raises(ValueError, match=r"options\['samhq.inductor'\] is False"):
+        samhq_backend(gm, x, options={"samhq.mode": "max-autotune", "samhq.inductor": False})
+    # the same mode both ways is one mode; "default" adds nothing
+    samhq_backend(gm, x, mode="max-autotune-no-cudagraphs", options={"samhq.mode": "max-autotune-no-cudagraphs"})
+    assert seen["max_autotune"] is True and "triton.cudagraphs" not in seen
+    seen.clear()
+    samhq_backend(gm, x, options={"samhq.mode": "default", "epilogue_fusion": False})
+    assert seen.keys() == {"epilogue_fusion", "pre_grad_custom_pass"}
+
+
+def test_readme_never_passes_mode_with_options():
+    # the spelling torch.compile refuses must not be documented (it was, before samhq.mode)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    calls = re.findall(r"(?:torch\.compile|\.compile)\([^)]*\)", readme)
+    assert calls and not [c for c in calls if "mode=" in c and "options=" in c]
 
 
 def test_pass_uuid_is_stable_and_keyed_on_settings():
@@ -310,6 +377,48 @@ def test_activation_checkpointing_regions_are_fused(options):
     assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
     for name, g in grads.items():
         assert rel_err(g, ref_grads[name]) < 1e-4, name
+
+
+def test_compiled_autograd_sends_the_backward_through_samhq(tmp_path):
+    # torch._dynamo.config.compiled_autograd (set before torch.compile, which reads it): a backward called
+    # inside the compiled function is traced into a second graph that the samhq backend compiles too. The
+    # forward's attention is fused, the backward graph calls the fused op's backward, gradients equal eager's.
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager")
+    x = torch.randn(2, 3, 32, 32)
+
+    def step(x):
+        out = model(x).last_hidden_state
+        out.pow(2).mean().backward()
+        return out
+
+    ref, ref_grads = _loss_and_grads(model, model, x)
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        f = torch.compile(step, backend="samhq", options={**FAST, "samhq.dump_dir": str(tmp_path)})
+        for _ in range(2):  # the second step reuses both graphs
+            model.zero_grad(set_to_none=True)
+            out = f(x)
+    assert counters["compiled_autograd"]["captures"] == 1
+    assert counters["samhq"]["graphs"] == 2 and counters["samhq"]["fused"] == 2
+    backward = (tmp_path / "graph_2_before.py").read_text()
+    assert backward.count("torch.ops.samhq.rel_pos_attention_backward.default(") == 2
+    assert rel_err(out, ref.last_hidden_state) < 1e-5
+    for name, g in ref_grads.items():
+        assert rel_err(model.get_parameter(name).grad, g) < 1e-4, name
+
+
+def test_cudagraph_skips_counts_and_keeps_the_reasons(caplog):
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from samhq_fx.debug import cudagraph_skips
+
+    caplog.set_level(logging.WARNING, logger="samhq_fx")
+    with cudagraph_skips() as skips:
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device (x)")  # what Inductor calls
+        counters["inductor"]["cudagraph_skips"] += 1  # a non-CUDA graph: counted, no line
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to after the block")
+    assert skips.count == 2 and skips.reasons == ["skipping cudagraphs due to cpu device (x)"]
+    assert "cpu device (x)" in caplog.text
 
 
 def test_inference_mode_uses_the_fused_forward():

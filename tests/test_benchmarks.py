@@ -9,6 +9,7 @@ calls) and of the extra layers the runner adds (SDPA and FlexAttention variants 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +43,45 @@ def test_split_calls_excludes_flush_and_measures_span():
     assert common.split_calls(recs[2:], 2)[0] == [None, 5]
     assert common.split_calls(recs[5:], 2)[0] == [None, 5]
     assert common.split_calls([], 2) == ([None, None], [[], []])
+
+
+def test_marker_gaps_and_busy_share():
+    # the step's wall on the GPU runs from its opening marker's end to its closing marker's start, idle included
+    M = "spin_kernel"
+    recs = [(M, 0, 1), ("k1", 11, 21), ("k2", 31, 41), (M, 51, 52), (M, 60, 61), ("k1", 61, 71), (M, 71, 72)]
+    assert common.marker_gaps(recs, 2) == [50, 10]
+    kernels = common.split_calls(recs, 2)[1]
+    assert common.busy_share(kernels[0], 50) == pytest.approx(0.4)  # 20 us of kernels in a 50 us step
+    assert common.busy_share(kernels[1], 10) == pytest.approx(1.0)
+    assert common.busy_share([], 10) is None and common.busy_share(kernels[0], None) is None
+    assert common.marker_gaps(recs[4:], 2) == [None, 10]  # a dropped prefix loses the first call only
+
+
+def test_best_per_family_holds_samhq_to_the_fastest_inductor_row():
+    rows = [dict(impl=i, compiler=i.split("-")[0], dtype="bf16", batch=4, status=st, ms=ms) for i, ms, st in
+            [("inductor", 86.3, "OK"), ("inductor-ro", 77.8, "OK"), ("inductor-eager", 60.0, "ERROR"),
+             ("samhq", 50.7, "OK"), ("samhq-ro", 48.6, "OK"), ("none-eager", 150.0, "OK")]]
+    (s,) = plot.best_per_family(rows, ("dtype", "batch"), "ms")
+    assert s["best_inductor"] == "inductor-ro" and s["best_samhq"] == "samhq-ro"  # ERROR rows never count
+    assert s["best_eager"] == "none-eager"  # compiler "none" is the eager family
+    assert s["samhq_speedup_vs_inductor"] == round(77.8 / 48.6, 3)
+    assert s["samhq_speedup_vs_eager"] == round(150.0 / 48.6, 3)
+
+
+def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
+    import impls
+
+    ro = impls.IMPLS["samhq-eager-ro"]
+    assert impls.compile_kwargs(ro) == {"backend": "samhq", "dynamic": False, "mode": "reduce-overhead"}
+    # with options, the mode goes in as samhq.mode (torch.compile refuses mode= with options=)
+    kw = impls.compile_kwargs(ro, {"samhq.dump_dir": "d"})
+    assert "mode" not in kw and kw["options"] == {"samhq.dump_dir": "d", "samhq.mode": "reduce-overhead"}
+    assert impls.compile_kwargs(impls.IMPLS["inductor-eager-ro"])["mode"] == "reduce-overhead"
+    r = impls.recipe(impls.IMPLS["samhq-eager-ca-ro"], "forward_backward")
+    assert "backend='samhq'" in r and "reduce-overhead" in r and "compiled_autograd=True" in r
+    assert impls.recipe(impls.IMPLS["eager-sdpa"], "model").endswith("not compiled")
+    with pytest.raises(SystemExit, match="unknown impls"):
+        impls.parse("samhq,bogus", ())
 
 
 def test_sdpa_and_flex_layers_match_reference():
@@ -179,11 +219,15 @@ def test_train_step_quick(tmp_path):
     assert set(impls) == {"eager-eager", "samhq-eager"}
     assert impls["eager-eager"]["status"] == "OK", impls["eager-eager"]["detail"]
     assert impls["eager-eager"]["ms_per_step"] > 0
+    assert all(r["optimizer"] == "adamw-fused" and r["graph_breaks"] == 0 for r in p["results"])  # a full step
     if HAVE_SAMHQ:
         r = impls["samhq-eager"]
         assert r["status"] == "OK", r["detail"]
         assert r["fused"] >= 1  # the tiny model has a windowed and a global attention layer
         assert r["loss_rel_diff"] < 1e-3 and r["grad_rel_diff"] < 1e-3
+        assert "torch.compile(model, backend='samhq', dynamic=False)" in r["recipe"]
+        (s,) = p["summary"]
+        assert s["best_samhq"] == "samhq-eager" and s["samhq_speedup_vs_eager"] > 0
     else:
         assert impls["samhq-eager"]["status"] == "ERROR"
 
@@ -204,6 +248,44 @@ def test_train_step_cells_parse():
     a = train_step.parse_args(["--cells", "bf16/4/samhq-sdpa;tf32/1/inductor"])
     assert a.cells == {("samhq-sdpa", 4, "bf16"), ("inductor", 1, "tf32")}
     assert set(a.dtype) == {"bf16", "tf32"} and set(a.batch) == {1, 4}
+    # the default peers: Inductor on both attention classes, with and without CUDA graphs
+    d = train_step.parse_args([])
+    assert {"inductor", "inductor-eager", "inductor-ro", "inductor-eager-ro", "samhq-eager-ro"} <= set(d.impls)
+    assert d.optimizer == "adamw-fused" and not any("-ca" in i for i in d.impls)
+
+
+# ------------------------------------------------------------------------------------------- inference
+@pytest.mark.slow
+def test_inference_quick(tmp_path, capsys):
+    """The CI smoke run: the small SamHQModel's image encoder, eager and samhq, forward only under no_grad; the
+    chart and the table come from the JSON (plot.py) and merging it again gives the same rows."""
+    import inference
+
+    pytest.importorskip("transformers")
+    p = inference.main(["--quick", "--out", str(tmp_path)])
+    rows = {r["impl"]: r for r in p["results"]}
+    assert set(rows) == {"eager-eager", "samhq-eager"}
+    for r in rows.values():
+        assert r["status"] == "OK", r["detail"]
+        assert r["images_per_s"] == pytest.approx(1e3 / r["latency_ms"], rel=1e-3)  # batch 1
+        assert r["target"] == "encoder" and r["graph_breaks"] == 0
+    assert rows["samhq-eager"]["fused"] == 2 and rows["samhq-eager"]["check_rel_diff"] < 1e-4
+    assert "backend='samhq'" in rows["samhq-eager"]["recipe"]
+    (s,) = p["summary"]
+    assert s["best_samhq"] == "samhq-eager" and s["best_eager"] == "eager-eager"
+    path = str(tmp_path / inference.RESULTS_NAME)
+    plot.main([path, path])
+    out = capsys.readouterr().out
+    assert "images_per_s" in out and "samhq-eager" in out
+    merged = json.loads((tmp_path / "inference_merged.json").read_text())
+    assert len(merged["results"]) == 2
+
+
+def test_plot_imports_no_runner():
+    # charts depend on results only: plot.py must not import the scripts that produce them
+    src = (Path(plot.__file__)).read_text()
+    for runner in ("sol_execbench_076", "train_step", "inference", "bench_attention_core", "common"):
+        assert not re.search(rf"^\s*(import|from)\s+{runner}\b", src, re.M), runner
 
 
 # ------------------------------------------------------------------------------------------- 076 by its rules

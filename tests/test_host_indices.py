@@ -115,12 +115,17 @@ def test_index_rows_matches_indexing_with_repeated_rows(compiled):
 
 
 def test_option_and_env_var(monkeypatch):
+    # on by default; SAMHQ_FX_HOST_INDICES=0 turns it off, =1 (or any other non-empty value) on; an option wins
     from samhq_fx.backend import split_options
 
-    assert split_options(None)[0]["samhq.host_indices"] is False
-    assert split_options({"samhq.host_indices": True})[0]["samhq.host_indices"] is True
-    monkeypatch.setenv("SAMHQ_FX_HOST_INDICES", "1")
+    monkeypatch.delenv("SAMHQ_FX_HOST_INDICES", raising=False)
     assert split_options(None)[0]["samhq.host_indices"] is True
+    assert split_options({"samhq.host_indices": False})[0]["samhq.host_indices"] is False
+    for env, want in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("SAMHQ_FX_HOST_INDICES", env)
+        assert split_options(None)[0]["samhq.host_indices"] is want, env
+    monkeypatch.setenv("SAMHQ_FX_HOST_INDICES", "0")
+    assert split_options({"samhq.host_indices": True})[0]["samhq.host_indices"] is True
 
 
 def test_sam_model_graph_moves_its_indices_and_still_fuses():

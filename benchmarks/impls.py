@@ -1,0 +1,91 @@
+"""The implementations that the HF-model benchmarks compare (train_step.py, inference.py), defined once.
+
+An implementation = the HF attention class the model is built with ("sdpa": SDPA with the dense rel-pos bias
+as attn_mask, HF's default; "eager": explicit softmax) x the compiler (none, Inductor, samhq) x the mode
+(default or "reduce-overhead", i.e. CUDA graphs) x compiled autograd (the backward traced into its own graph
+and compiled by the same backend; needs the backward inside the compiled function).
+
+`compile_kwargs` is how each one is reached, and `recipe` says it in one line for the results rows: samhq's
+mode goes in as options["samhq.mode"] when other options come with it (torch.compile refuses mode= with
+options=; README "Options").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Impl:
+    attn: str                       # HF attn_implementation: "sdpa" or "eager"
+    backend: str | None             # torch.compile backend; None = not compiled
+    mode: str | None = None         # torch.compile mode; None = default
+    compiled_autograd: bool = False  # torch._dynamo.config.compiled_autograd
+
+    @property
+    def family(self) -> str:
+        """'eager', 'inductor' or 'samhq': what "faster than Inductor" compares."""
+        return self.backend or "eager"
+
+
+RO = "reduce-overhead"
+IMPLS = {
+    "eager-sdpa": Impl("sdpa", None),
+    "eager-eager": Impl("eager", None),
+    "inductor": Impl("sdpa", "inductor"),
+    "inductor-eager": Impl("eager", "inductor"),
+    "inductor-ro": Impl("sdpa", "inductor", RO),
+    "inductor-eager-ro": Impl("eager", "inductor", RO),
+    "samhq-eager": Impl("eager", "samhq"),
+    "samhq-sdpa": Impl("sdpa", "samhq"),
+    "samhq-eager-ro": Impl("eager", "samhq", RO),
+    "samhq-sdpa-ro": Impl("sdpa", "samhq", RO),
+    "samhq-eager-ca": Impl("eager", "samhq", None, True),
+    "samhq-eager-ca-ro": Impl("eager", "samhq", RO, True),
+    "inductor-eager-ca-ro": Impl("eager", "inductor", RO, True),
+}
+
+
+def compile_kwargs(impl: Impl, options: dict | None = None) -> dict:
+    """torch.compile keyword arguments for `impl` (dynamic=False: every cell has one static shape)."""
+    kw: dict = {"backend": impl.backend, "dynamic": False}
+    options = dict(options or {})
+    if impl.mode and options and impl.backend == "samhq":
+        options["samhq.mode"] = impl.mode  # the one spelling that combines a mode with options
+    elif impl.mode:
+        kw["mode"] = impl.mode
+    if options:
+        kw["options"] = options
+    return kw
+
+
+@contextlib.contextmanager
+def compiled_autograd(impl: Impl):
+    """torch._dynamo.config.compiled_autograd for the cell: torch.compile reads it when it builds the wrapper
+    (torch/_dynamo/eval_frame.py), and the backward must run while it is set."""
+    import torch
+
+    with torch._dynamo.config.patch(compiled_autograd=impl.compiled_autograd):
+        yield
+
+
+def recipe(impl: Impl, what: str, options: dict | None = None) -> str:
+    """One line: how the cell was built, e.g. torch.compile(model, backend='samhq', mode='reduce-overhead')."""
+    if impl.backend is None:
+        return f"{what}, attn_implementation={impl.attn!r}, not compiled"
+    kw = compile_kwargs(impl, options)
+    args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
+    out = f"attn_implementation={impl.attn!r}; torch.compile({what}, {args})"
+    if impl.compiled_autograd:
+        out += " under torch._dynamo.config.compiled_autograd=True (backward inside the compiled function)"
+    return out
+
+
+def parse(spec: str | None, default: tuple[str, ...], known: dict = IMPLS) -> tuple[str, ...]:
+    """--impls: a comma list, 'all', or None for `default`; SystemExit naming the unknown ones."""
+    names = tuple(known) if spec == "all" else tuple(s.strip() for s in (spec or ",".join(default)).split(",") if s.strip())
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise SystemExit(f"unknown impls {bad}; known: {', '.join(known)}")
+    return names

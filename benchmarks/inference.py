@@ -1,0 +1,291 @@
+"""Inference benchmark: SAM-HQ ViT-B image encoder (or the whole SamHQModel), forward only, per implementation.
+
+Model: transformers' SamHQModel with a ViT-B vision encoder at 1024x1024 (samhq_fx.models.sam_hq_config), random
+weights (samhq_fx.models.random_init_), .eval(), every call under torch.no_grad().  --target encoder (default)
+times model.vision_encoder(pixel_values) -- the image embeddings, where all rel-pos attention and nearly all
+FLOPs are; --target model times model(pixel_values, input_boxes=one box per image, multimask_output=False).
+Precision: "tf32" = fp32 weights with torch.set_float32_matmul_precision("high"); "bf16" = the model and input
+cast to bfloat16 (inference keeps no fp32 master weights, so no autocast).
+Implementations (benchmarks/impls.py; each row's "recipe" says how it was built): eager-sdpa (HF's default
+class), eager-eager, inductor (default mode) and inductor-ro (mode="reduce-overhead", CUDA graphs) on the
+"sdpa" class, the same two on the "eager" class (inductor-eager, inductor-eager-ro), samhq-eager, samhq-sdpa,
+samhq-eager-ro, samhq-sdpa-ro.  Every compile is dynamic=False, fresh per cell.
+
+Per (target, dtype, batch, impl) cell, all cells of a (target, dtype, batch) group in one process (host-bound
+timings from different processes are not comparable; --gpus N splits whole groups over N GPUs):
+  latency ms   median over --iters calls after --warmup calls (the first compiles; reduce-overhead records its
+               graph in the next ones), CUDA events around the call, torch.compiler.cudagraph_mark_step_begin()
+               before each (untimed);
+  images/s     batch / latency;
+  peak MiB     torch.cuda.max_memory_allocated() over the warm-up after the first call and the timed calls
+               (weights, activations and any CUDA-graph pool together);
+  GPU busy     one more call under torch.profiler: sum of its GPU records' durations / its wall on the GPU
+               (common.busy_share);
+  check        (out.float() * probe).mean() of the first call, relative difference from eager-eager's (else
+               eager-sdpa's) of the same group: FAIL above 1e-2 (tf32) / 1e-1 (bf16);
+  cudagraph_skips (reduce-overhead cells), graph_breaks, fused (samhq cells).
+Summary per group: the fastest samhq, Inductor and eager rows and samhq's speedup over each (plot.best_per_family).
+
+  python benchmarks/inference.py                          # encoder, tf32+bf16, batch 1+8, 10 impls, 480 s budget
+  python benchmarks/inference.py --gpus 2                 # the 4 (dtype, batch) groups over 2 GPUs
+  python benchmarks/inference.py --quick                  # CPU smoke test (small model), used in CI
+Writes <out>/inference.json after every cell, <out>/inference.png (if matplotlib), and a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import common  # noqa: E402
+import impls  # noqa: E402
+import plot  # noqa: E402
+
+IMPLS = {n: i for n, i in impls.IMPLS.items() if not i.compiled_autograd}  # no backward here
+QUICK_IMPLS = ("eager-eager", "samhq-eager")
+DTYPES = ("tf32", "bf16")
+TARGETS = ("encoder", "model")
+CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1}
+PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forward-only compiles: guess, H200 host
+RESULTS_NAME = "inference.json"
+
+
+def build(attn: str, quick: bool, device: torch.device, dtype: str):
+    from transformers import SamHQModel
+
+    from samhq_fx.models import random_init_, sam_hq_config
+
+    model = random_init_(SamHQModel(sam_hq_config(attn, full=not quick)))
+    got = type(model.vision_encoder.layers[0].attn).__name__
+    if ("Sdpa" in got) != (attn == "sdpa"):
+        raise RuntimeError(f"asked for attn_implementation={attn!r}, got {got}")
+    return model.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32).eval()
+
+
+def run_cell(key: tuple, args, device) -> dict:
+    from torch._dynamo.utils import counters
+
+    from samhq_fx.debug import cudagraph_skips
+
+    target, dtype, batch, name = key
+    impl = IMPLS[name]
+    what = "model.vision_encoder" if target == "encoder" else "model"
+    row = {"target": target, "dtype": dtype, "batch": batch, "impl": name, "attn_implementation": impl.attn,
+           "compiler": impl.backend or "none", "mode": impl.mode or "default", "recipe": impls.recipe(impl, what),
+           "status": None, "detail": "", "latency_ms": None, "images_per_s": None, "peak_mib": None,
+           "gpu_busy": None, "compile_s": None, "check": None, "fused": None}
+    cuda = device.type == "cuda"
+    common.reset_compile_state()
+    common.set_precision("high")
+    model = fn = skips = None
+    breaks0 = sum(counters["graph_break"].values())
+    try:
+        with cudagraph_skips() as skips, torch.no_grad():
+            model = build(impl.attn, args.quick, device, dtype)
+            cfg = model.config.vision_config
+            gen = torch.Generator().manual_seed(batch)
+            x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=gen).to(device, model.dtype)
+            boxes = (torch.tensor([[[0.2, 0.2, 0.7, 0.6]]]) * cfg.image_size).repeat(batch, 1, 1).to(device)
+            module = model.vision_encoder if target == "encoder" else model
+            fn = torch.compile(module, **impls.compile_kwargs(impl)) if impl.backend else module
+
+            def call(_i=0):
+                if target == "encoder":
+                    return fn(pixel_values=x).last_hidden_state
+                return fn(pixel_values=x, input_boxes=boxes, multimask_output=False).pred_masks
+
+            before = torch.compiler.cudagraph_mark_step_begin
+            tc = time.perf_counter()
+            before()
+            out = call()
+            probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(device)
+            row["check"] = (out.float() * probe).mean().item()  # synchronizes
+            row["compile_s"] = round(time.perf_counter() - tc, 3)
+            del out  # under CUDA graphs the next replay overwrites it
+            row["fused"] = common.samhq_fused_count() if impl.backend == "samhq" else None
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            for _ in range(1, args.warmup):
+                before()
+                call()
+            common.sync(device)
+            times = common.wall_times(call, args.iters, device, flush=None, before=before)
+            row["latency_ms"] = common.median(times) / 1e3
+            row["images_per_s"] = round(batch / (row["latency_ms"] / 1e3), 2)
+            if cuda:
+                row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+            if cuda and args.profile:
+                _, kernels, walls = common.kernel_spans(call, 1, device, before=before, walls=True)
+                busy = common.busy_share(kernels[0] if kernels else [], walls[0] if walls else None)
+                row["gpu_busy"] = None if busy is None else round(busy, 4)
+        row["status"] = "OK"
+    except Exception as e:  # compile errors, OOM, ...: record and go on
+        row["status"] = "ERROR"
+        row["detail"] = f"{type(e).__name__}: {e}"[:2000]
+        common.log("    " + "\n    ".join(traceback.format_exc().strip().splitlines()[-6:]))
+    row["graph_breaks"] = sum(counters["graph_break"].values()) - breaks0
+    if impl.mode == impls.RO and skips is not None:
+        row["cudagraph_skips"], row["cudagraph_skip_reasons"] = skips.count, skips.reasons[:4]
+    model = fn = None  # noqa: F841  (free the model before the next cell)
+    common.reset_compile_state()
+    return row
+
+
+GROUP = ("target", "dtype", "batch")
+
+
+def check_outputs(rows: list[dict]) -> None:
+    """Each row's check value against eager-eager's (else eager-sdpa's) of its group; too far: FAIL."""
+    for r in rows:
+        same = [q for q in rows if all(q[g] == r[g] for g in GROUP) and q.get("check") is not None]
+        ref = next((q for name in ("eager-eager", "eager-sdpa") for q in same if q["impl"] == name), None)
+        if r.get("check") is None or ref is None:
+            continue
+        r["check_rel_diff"] = abs(r["check"] - ref["check"]) / max(abs(ref["check"]), 1e-30)
+        if r["status"] == "OK" and r["check_rel_diff"] > CHECK_TOL[r["dtype"]]:
+            r["status"], r["detail"] = "FAIL", f"check {r['check']:.6g} vs {ref['impl']} {ref['check']:.6g}"
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per group: the fastest samhq, Inductor and eager rows of this run, samhq's speedup over each."""
+    return plot.best_per_family(rows, GROUP, "latency_ms")
+
+
+def print_report(rows: list[dict]) -> None:
+    order = list(IMPLS)
+    rows = sorted(rows, key=lambda r: (r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
+    print()
+    common.print_table(
+        ["target", "dtype", "batch", "impl", "latency_ms", "images/s", "gpu_busy", "peak_MiB", "compile_s",
+         "check_rel", "fused", "cg_skips", "breaks", "status", "detail"],
+        [[r["target"], r["dtype"], r["batch"], r["impl"], common.fmt(r.get("latency_ms"), ".2f"),
+          common.fmt(r.get("images_per_s")), "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.1f}%",
+          common.fmt(r.get("peak_mib")), common.fmt(r.get("compile_s")), common.fmt(r.get("check_rel_diff"), ".1e"),
+          common.fmt(r.get("fused"), "d"), common.fmt(r.get("cudagraph_skips"), "d"),
+          common.fmt(r.get("graph_breaks"), "d"), r["status"],
+          (r.get("detail") or "; ".join(r.get("cudagraph_skip_reasons") or []))[:70]] for r in rows])
+    summary = summarize(rows)
+    if any("best_samhq" in s for s in summary):
+        print("\nbest per family in this run (latency ms; samhq's speedup over the fastest Inductor / eager row):")
+        common.print_table(
+            ["target", "dtype", "batch", "samhq", "ms", "inductor", "ms", "vs_inductor", "vs_eager"],
+            [[s["target"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_latency_ms"), ".2f"),
+              s.get("best_inductor", "-"), common.fmt(s.get("best_inductor_latency_ms"), ".2f"),
+              common.fmt(s.get("samhq_speedup_vs_inductor"), ".2f"), common.fmt(s.get("samhq_speedup_vs_eager"), ".2f")]
+             for s in summary])
+    sys.stdout.flush()
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--impls", default=None, help=f"comma list from {', '.join(IMPLS)} (default all of them)")
+    ap.add_argument("--target", default="encoder", help="comma list of encoder,model (default encoder)")
+    ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
+    ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
+    ap.add_argument("--iters", type=int, default=20, help="timed calls per cell")
+    ap.add_argument("--warmup", type=int, default=3, help="warm-up calls per cell, the first (compiling) one included")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--time-budget", type=float, default=480.0,
+                    help="seconds; cells that would not finish in time are skipped. 0 = none")
+    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the GPU-busy profile")
+    ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write the PNG chart")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU smoke test: small model, batch 1, tf32, eager-eager + samhq-eager, 1 call each")
+    common.add_cell_args(ap, "dtype/batch/impl")
+    args = ap.parse_args(argv)
+    parsed = common.parse_cells(ap, args.cells, "dtype/batch/impl")
+    if parsed:
+        cells, (args.dtype, args.batch, args.impls) = parsed
+        args.cells = {(d, int(b), i) for d, b, i in cells}
+    if args.quick:
+        args.iters, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
+        args.impls = args.impls or ",".join(QUICK_IMPLS)
+    args.impls = impls.parse(args.impls, tuple(IMPLS), IMPLS)
+    args.target = tuple(args.target.split(","))
+    args.dtype = tuple(args.dtype.split(","))
+    bad = [t for t in args.target if t not in TARGETS] + [d for d in args.dtype if d not in DTYPES]
+    if bad:
+        raise SystemExit(f"unknown {bad}; targets: {', '.join(TARGETS)}; dtypes: {', '.join(DTYPES)}")
+    args.batch = tuple(int(b) for b in args.batch.split(","))
+    args.warmup, args.iters = max(1, args.warmup), max(1, args.iters)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    budget = common.Budget(args.time_budget, PRIORS)
+    t0 = budget.t0
+    args.gpus = common.usable_gpus(args.gpus, device, t0)
+    env = common.env_info()
+    common.log(f"inference on {env['device']}: torch {env['torch']}; impls {','.join(args.impls)}; "
+               f"targets {args.target}; batch {args.batch}; {','.join(args.dtype)}", t0)
+    if device.type == "cuda" and args.profile:
+        common.check_profiler(device)
+    todo = [(t, d, b, i) for t in args.target for d in args.dtype for b in args.batch for i in args.impls
+            if not args.cells or (d, b, i) in args.cells]
+    if device.type == "cpu" and any(d == "bf16" for _, d, _, _ in todo):
+        common.log("bf16 on CPU is not benchmarked; skipping those cells", t0)
+        todo = [c for c in todo if c[1] != "bf16"]
+    rows: list[dict] = []
+    skipped: list[dict] = []
+    path = os.path.join(args.out, RESULTS_NAME)
+    method = __doc__[__doc__.index("Model:"):__doc__.index("  python benchmarks")].strip()
+    config = {"iters": args.iters, "warmup": args.warmup, "quick": args.quick, "profile": args.profile,
+              "gpus": args.gpus, "model_config": "sam_hq_config(full=False)" if args.quick else "sam_hq_config(full=True)"}
+
+    def save():
+        check_outputs(rows)
+        payload = {"benchmark": "SamHQModel ViT-B inference (forward, no grad)", "env": env, "method": method,
+                   "config": config, "results": rows, "summary": summarize(rows), "skipped": skipped}
+        common.write_json(path, payload)
+        return payload
+
+    if args.gpus > 1:  # whole groups per GPU, so each group's impls are timed in one process
+        if args.target != ("encoder",):
+            raise SystemExit("--gpus with --target model: run one target per invocation")
+        cells = [f"{d}/{b}/{i}" for _, d, b, i in todo]
+        shares = common.shard_groups(cells, lambda c: PRIORS[c.split("/")[2]], args.gpus,
+                                     group=lambda c: c.rsplit("/", 1)[0])
+        child = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
+                 "--no-chart", "--device", "cuda"] + ([] if args.profile else ["--no-profile"])
+        rows += common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
+                                   timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
+        done = {(r["target"], r["dtype"], r["batch"], r["impl"]) for r in rows}
+        skipped += [dict(zip(GROUP + ("impl",), c)) for c in todo if c not in done]
+        todo = []
+    for key in todo:
+        if not budget.fits(key[3]):
+            skipped.append(dict(zip(GROUP + ("impl",), key)))
+            continue
+        tcell = time.perf_counter()
+        row = run_cell(key, args, device)
+        row["cell_s"] = round(time.perf_counter() - tcell, 2)
+        row["git"] = env.get("git")
+        budget.record(key[3], row["cell_s"])
+        rows.append(row)
+        save()
+        common.log(f"{key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
+                   f"{common.fmt(row['latency_ms'], '.2f'):>8s} ms  {common.fmt(row['images_per_s']):>8s} img/s  "
+                   f"peak {common.fmt(row['peak_mib']):>8s} MiB  compile {common.fmt(row['compile_s'])} s"
+                   + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
+    payload = save()
+    if args.chart:
+        for msg in plot.inference_chart(payload, args.out):
+            common.log(msg, t0)
+    print_report(rows)
+    print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
+    common.log(f"wrote {path}", t0)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
