@@ -35,6 +35,7 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="mask PNG")
     p.add_argument("--overlay", default=None, help="overlay PNG (default: <out>_overlay.png)")
     p.add_argument("--compile", action="store_true", help="vision encoder under torch.compile(backend='samhq')")
+    p.add_argument("--samhq-aot-eager", action="store_true", help="with --compile: rewrite, then aot_eager (fast CPU)")
     p.add_argument("--multimask", action="store_true", help="SAM's 3 candidate masks, keep the best-scored one")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
@@ -47,7 +48,8 @@ def main(argv=None):
     device = torch.device(args.device)
     model.to(device).eval()
     if args.compile:
-        model.vision_encoder.compile(backend="samhq")
+        options = {"samhq.inductor": False} if args.samhq_aot_eager else None
+        model.vision_encoder.compile(backend="samhq", options=options)
     inputs = {k: enc[k].to(device).float() for k in ("pixel_values", "input_boxes", "input_points") if k in enc}
     with torch.no_grad():
         # hq_token_only: the HQ output, the mask finetune_samhq.py trains and evaluates
