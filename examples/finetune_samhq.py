@@ -11,7 +11,8 @@ default run needs no download. The vision encoder is compiled with --backend (sa
 README's Known issues say why not the whole model). Before training the compiled loss is checked against
 eager on the first batch. Loss: BCE + dice on the low-res mask logits; AdamW, linear warm-up then cosine
 decay. Written under --out: checkpoint-<step>/, metrics.jsonl (loss per step, validation mask IoU and
-boundary IoU at each evaluation, before training included) and curves.png.
+boundary IoU at each evaluation, before training included), curves.png and summary.json (ms/step,
+peak memory, validation IoU before and after: one run's numbers).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def main(argv=None):
     options = {}
     if args.dump_dir and args.backend == "samhq":
         options["samhq.dump_dir"] = args.dump_dir
-    if args.samhq_aot_eager:
+    if args.samhq_aot_eager and args.backend == "samhq":
         options["samhq.inductor"] = False
     if args.backend != "none":
         core.vision_encoder.compile(backend=args.backend, mode=args.mode, options=options or None)
@@ -215,6 +216,7 @@ def main(argv=None):
 
     if start == 0:
         run_eval(0)
+    check_diff = None
     if not args.no_check and start < total:
         print("check: compiling (cold caches: minutes for ViT-B) and comparing with eager...", flush=True)
         t0 = time.perf_counter()
@@ -223,6 +225,7 @@ def main(argv=None):
             eager_loss = loss_fn(predict(core, first, grad_encoder), first["target"]).item()
         with autocast:
             compiled_loss = loss_fn(predict(core, first, grad_encoder), first["target"]).item()
+        check_diff = abs(eager_loss - compiled_loss)
         print(f"check: eager loss {eager_loss:.6f}, compiled loss {compiled_loss:.6f}, "
               f"|diff| {abs(eager_loss - compiled_loss):.2e} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
@@ -263,21 +266,31 @@ def main(argv=None):
     png = samhq_metrics.plot_curves(records, out / "curves.png")
 
     evals = [r for r in records if "val_iou" in r]
+    fused = counters["samhq"]["fused"]
+    steady = times[1:] or times or [float("nan")]
+    summary = {  # one line per run for comparing backends and recipes (examples/gpu_proof.sh reads it)
+        "train": args.train, "backend": args.backend, "model": spec, "batch": args.batch, "steps": total,
+        "bf16": bf16, "device": str(device), "fused": fused, "check_abs_diff": check_diff,
+        "ms_per_step": statistics.median(steady) * 1e3, "first_step_s": times[0] if times else None,
+        "peak_mib": peak_memory_mib(device), "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        **{f"{k}_{when}": e[k] for when, e in ((("before", evals[0]), ("after", evals[-1])) if evals else ())
+           for k in ("val_iou", "val_boundary_iou")},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if losses:
-        steady = times[1:] or times
         print(f"loss: {losses[0]:.4f} -> {losses[-1]:.4f}")
-        print(f"step time: first (compile) {times[0]:.1f} s, then median {statistics.median(steady) * 1e3:.1f} ms "
-              f"({args.batch / statistics.median(steady):.1f} img/s)")
-    print(f"peak memory: {peak_memory_mib(device):.0f} MiB ({'GPU allocated' if device.type == 'cuda' else 'process RSS'})")
+        print(f"step time: first {times[0]:.1f} s, then median {summary['ms_per_step']:.1f} ms "
+              f"({args.batch * 1e3 / summary['ms_per_step']:.1f} img/s)")
+    print(f"peak memory: {summary['peak_mib']:.0f} MiB ({'GPU allocated' if device.type == 'cuda' else 'process RSS'})")
     if evals:
         print(f"validation mask IoU: {evals[0]['val_iou']:.4f} (step {evals[0]['step']}) -> {evals[-1]['val_iou']:.4f} "
               f"(step {evals[-1]['step']}); boundary IoU {evals[0]['val_boundary_iou']:.4f} -> "
               f"{evals[-1]['val_boundary_iou']:.4f}")
-    fused = counters["samhq"]["fused"]
     n_layers = core.config.vision_config.num_hidden_layers
     print(f"attention blocks fused by samhq: {fused} (vision encoder has {n_layers} attention layers; "
           f"counted per compiled graph)")
-    print(f"wrote {ckpt}/, {log_path}{', ' + str(png) if png else ''}")
+    print(f"wrote {ckpt}/, {log_path}, {out / 'summary.json'}{', ' + str(png) if png else ''}")
     return {"losses": losses, "times": times, "fused": fused, "evals": evals, "checkpoint": ckpt,
             "final": final_metrics, "steps": total}
 
