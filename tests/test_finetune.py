@@ -49,6 +49,7 @@ def _changed(before: dict, after: dict, prefix: str) -> set[str]:
 def test_train_mode_fused_trains_its_part_and_resumes_exactly(tiny, tmp_path, mode, capsys):
     model_dir, data = tiny
     common = ["--model", str(model_dir), "--data", str(data), "--train", mode, "--steps", "4", "--eval-every", "2"]
+    common += ["--points", "2"] if mode == "lora" else []  # boxes plus points drawn inside the mask
     a = _run(common + ["--out", str(tmp_path / "a"), "--save-every", "2"] + (["--no-check"] if mode != "decoder" else []))
     assert a["fused"] == 2  # the windowed and the global layer; with LoRA adapters on qkv / proj too
     assert len(a["losses"]) == 4 and all(np.isfinite(a["losses"]))
