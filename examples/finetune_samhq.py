@@ -66,7 +66,7 @@ def parse_args(argv):
     p.add_argument("--resume", default=None, help="a checkpoint-<step> folder to continue from")
     p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (always at the end)")
     p.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: 4 times a run)")
-    p.add_argument("--seed", type=int, default=0, help="data split, order, jitter and points")
+    p.add_argument("--seed", type=int, default=None, help="data split, order, jitter and points (default 0)")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="HF attn_implementation")
     p.add_argument("--backend", default="samhq", help="torch.compile backend for the encoder (samhq, inductor, none)")
     p.add_argument("--mode", default=None, help="torch.compile mode, e.g. reduce-overhead")
@@ -136,7 +136,6 @@ def main(argv=None):
     if args.full and device.type != "cuda" and not args.model:
         p.error("--full needs a CUDA GPU")
     spec = args.model or ("random:vit-b" if args.full else "random:tiny")
-    args.batch = args.batch or (1 if args.full else 2)
     bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
     torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it, as most fine-tuning runs do
     out = Path(args.out)
@@ -147,9 +146,15 @@ def main(argv=None):
         if args.model and args.model != state["model"]:
             p.error(f"--resume {args.resume} was trained from --model {state['model']}, not {args.model}")
         spec = state["model"]
+        # what the batches depend on comes from the checkpoint unless given again: an exact continuation
+        for key in ("data", "batch", "seed"):
+            if getattr(args, key) is None:
+                setattr(args, key, state.get(key))
     else:
         model, processor = io.load(spec, args.attn)
         state = {}
+    args.batch = args.batch or (1 if args.full else 2)
+    args.seed = 0 if args.seed is None else args.seed
     core = io.core_model(trained) if args.resume else model
     image_size, mask_size = core.config.vision_config.image_size, io.mask_size(core)
     if args.data:
@@ -179,6 +184,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(params, lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, total))
     start = state.get("step", 0)
+    batch_args = {"data": args.data, "batch": args.batch, "seed": args.seed}  # saved with each checkpoint
     if args.resume:
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -192,8 +198,11 @@ def main(argv=None):
 
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "metrics.jsonl"
-    records = [r for r in map(json.loads, log_path.read_text().splitlines())] if log_path.exists() else []
-    records = [r for r in records if r["step"] < start or ("val_iou" in r and r["step"] == start)] if start else []
+    # a resumed run's log starts with the interrupted run's records up to the checkpoint (from --out, or from
+    # beside the checkpoint when --out is a new folder), so curves.png and summary.json cover the whole run
+    old_log = log_path if log_path.exists() else Path(args.resume or out) / ".." / "metrics.jsonl"
+    records = [json.loads(line) for line in old_log.read_text().splitlines()] if start and old_log.exists() else []
+    records = [r for r in records if r["step"] < start or ("val_iou" in r and r["step"] == start)]
     log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def log(record):
@@ -257,12 +266,12 @@ def main(argv=None):
             run_eval(done)
         if args.save_every and done % args.save_every == 0 and done < total:
             io.save_checkpoint(out, done, trained, args.train, spec, processor,
-                               {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()})
+                               {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **batch_args})
     if bar is not None:
         bar.close()
     final_metrics = run_eval(total)
     ckpt = io.save_checkpoint(out, total, trained, args.train, spec, processor,
-                              {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()})
+                              {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **batch_args})
     png = samhq_metrics.plot_curves(records, out / "curves.png")
 
     evals = [r for r in records if "val_iou" in r]
