@@ -125,3 +125,32 @@ def test_segment_writes_mask_and_overlay_compiled_or_not(tiny, tmp_path):
     with pytest.raises(samhq_data.DatasetError, match="broken.png"):
         segment.main(common[:2] + ["--image", str(tmp_path / "broken.png"), "--box", "0", "0", "5", "5",
                                    "--out", str(tmp_path / "x.png")])
+
+
+def test_commands_from_a_shell(tiny, tmp_path):
+    """As a person runs them: --model as a hub id found in the local cache (no network), and bad input as
+    one error line naming the file, exit status non-zero, no traceback."""
+    import os
+    import subprocess
+
+    model_dir, data = tiny
+    snapshot = tmp_path / "hub" / "models--someone--tiny-samhq" / "snapshots" / "0123abcd"
+    shutil.copytree(model_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    done = subprocess.run([sys.executable, str(examples / "segment.py"), "--model", "someone/tiny-samhq", "--image",
+                           str(data / "images" / "0000.png"), "--point", "30", "30", "--out", str(tmp_path / "m.png")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.png").is_file() and (tmp_path / "m_overlay.png").is_file()
+    (tmp_path / "images").mkdir()
+    (tmp_path / "masks").mkdir()
+    (tmp_path / "masks" / "lonely.png").write_bytes((data / "masks" / "0000.png").read_bytes())
+    done = subprocess.run([sys.executable, str(examples / "finetune_samhq.py"), "--model", "someone/tiny-samhq",
+                           "--data", str(tmp_path), "--out", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"error: {tmp_path / 'masks' / 'lonely.png'}: mask with no image" in done.stderr
+    assert not (tmp_path / "out").exists()
