@@ -94,8 +94,9 @@ def load(spec: str, attn: str = "sdpa"):
         model = SamHQModel.from_pretrained(spec, local_files_only=True, dtype=torch.float32,
                                            attn_implementation=attn)
         processor = SamHQProcessor.from_pretrained(spec, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"--model {spec}: cannot load SAM-HQ weights and processor ({e})") from e
+    except Exception as e:  # missing or broken files raise OSError, ValueError, SafetensorError...: all bad input
+        raise ModelError(f"--model {spec}: cannot load SAM-HQ weights and processor "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     return model, processor
 
 

@@ -86,6 +86,11 @@ def test_bad_model_and_data_stop_before_writing(tiny, tmp_path):
     SamConfig().save_pretrained(tmp_path / "sam")  # a SAM, not a SAM-HQ
     with pytest.raises(samhq_model_io.ModelError, match=f"{tmp_path / 'sam'}.*not a SAM-HQ"):
         finetune_samhq.main(["--model", str(tmp_path / "sam"), "--out", str(tmp_path / "out")])
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(samhq_model_io.ModelError, match=f"{broken}: cannot load SAM-HQ weights"):
+        finetune_samhq.main(["--model", str(broken), "--out", str(tmp_path / "out")])
     bad = tmp_path / "data"
     shutil.copytree(data, bad)
     (bad / "masks" / "0003.png").unlink()
