@@ -236,12 +236,12 @@ def main(argv=None):
             compiled_loss = loss_fn(predict(core, first, grad_encoder), first["target"]).item()
         check_diff = abs(eager_loss - compiled_loss)
         print(f"check: eager loss {eager_loss:.6f}, compiled loss {compiled_loss:.6f}, "
-              f"|diff| {abs(eager_loss - compiled_loss):.2e} ({time.perf_counter() - t0:.0f} s)", flush=True)
+              f"|diff| {check_diff:.2e} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = [], []
-    bar = tqdm(range(start, total), desc=f"train {args.train}", unit="step", initial=start, total=total) if tqdm else None
+    bar = tqdm(desc=f"train {args.train}", unit="step", initial=start, total=total) if tqdm else None
     for step in range(start, total):
         batch = batch_at(step)
         t0 = time.perf_counter()

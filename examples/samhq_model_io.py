@@ -9,7 +9,8 @@ A checkpoint folder (`DIR/checkpoint-<step>/`) holds
     model/               save_pretrained weights (safetensors) and the processor: what segment.py loads;
                          for LoRA the adapter merged into the base model
     adapter/             LoRA only: the peft adapter, with the trained mask decoder (modules_to_save)
-    trainer_state.pt     optimizer, scheduler, step, train mode and base-model spec
+    trainer_state.pt     optimizer, scheduler, step, train mode, base-model spec, and the data folder, batch
+                         size and seed that the batches follow (a resume takes them unless given again)
 It is written to a temporary folder and renamed, so an interrupted save leaves no half checkpoint.
 """
 
