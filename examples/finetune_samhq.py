@@ -66,6 +66,7 @@ def parse_args(argv):
     p.add_argument("--resume", default=None, help="a checkpoint-<step> folder to continue from")
     p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (always at the end)")
     p.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: 4 times a run)")
+    p.add_argument("--workers", type=int, default=None, help="data-loading processes (default: 4 on GPU, 0 on CPU)")
     p.add_argument("--seed", type=int, default=None, help="data split, order, jitter and points (default 0)")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="HF attn_implementation")
     p.add_argument("--backend", default="samhq", help="torch.compile backend for the encoder (samhq, inductor, none)")
@@ -218,10 +219,11 @@ def main(argv=None):
                   f"boundary IoU {metrics['val_boundary_iou']:.4f}")
         return metrics
 
-    def batch_at(step):
-        gen = samhq_data.step_generator(args.seed, step)
-        chosen = [train_set[i] for i in samhq_data.batch_indices(len(train_set), args.batch, args.seed, step)]
-        return to_device(samhq_data.make_batch(chosen, processor, mask_size, gen, args.box_jitter, args.points), device)
+    batches = samhq_data.StepBatches(train_set, processor, mask_size, args.batch, args.seed, args.box_jitter,
+                                     args.points, start, total)
+    workers = args.workers if args.workers is not None else (4 if device.type == "cuda" else 0)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
+                                         pin_memory=device.type == "cuda")
 
     if start == 0:
         run_eval(0)
@@ -229,7 +231,7 @@ def main(argv=None):
     if not args.no_check and start < total:
         print("check: compiling (cold caches: minutes for ViT-B) and comparing with eager...", flush=True)
         t0 = time.perf_counter()
-        first = batch_at(start)
+        first = to_device(batches[0], device)
         with autocast, torch.compiler.set_stance("force_eager"):
             eager_loss = loss_fn(predict(core, first, grad_encoder), first["target"]).item()
         with autocast:
@@ -242,8 +244,8 @@ def main(argv=None):
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = [], []
     bar = tqdm(desc=f"train {args.train}", unit="step", initial=start, total=total) if tqdm else None
-    for step in range(start, total):
-        batch = batch_at(step)
+    for step, batch in enumerate(loader, start):
+        batch = to_device(batch, device)
         t0 = time.perf_counter()
         with autocast:
             loss = loss_fn(predict(core, batch, grad_encoder), batch["target"])

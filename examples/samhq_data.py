@@ -196,6 +196,25 @@ def make_batch(samples: list[Sample], processor, mask_size: int, gen: torch.Gene
     return batch
 
 
+class StepBatches(torch.utils.data.Dataset):
+    """Training batches by step, `start` to `total`, for a DataLoader (batch_size=None): each is a function of
+    (seed, step) alone, so worker processes decode and preprocess ahead without changing what a step sees."""
+
+    def __init__(self, train: list[Sample], processor, mask_size: int, batch: int, seed: int, jitter: float,
+                 points: int, start: int, total: int):
+        self.train, self.processor, self.mask_size, self.batch = train, processor, mask_size, batch
+        self.seed, self.jitter, self.points, self.start, self.total = seed, jitter, points, start, total
+
+    def __len__(self):
+        return max(0, self.total - self.start)
+
+    def __getitem__(self, i: int) -> dict:
+        step = self.start + i
+        chosen = [self.train[j] for j in batch_indices(len(self.train), self.batch, self.seed, step)]
+        return make_batch(chosen, self.processor, self.mask_size, step_generator(self.seed, step), self.jitter,
+                          self.points)
+
+
 def write_synthetic(root: str | Path, n: int = 40, size: int = 64, seed: int = 0) -> Path:
     """A mask folder of `n` images (square and 3:4, both ways round) with one textured ellipse each on a
     smooth background. Written to a temporary folder and renamed, so a stopped run leaves no half set."""
