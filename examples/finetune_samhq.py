@@ -1,58 +1,128 @@
-"""Fine-tune a SAM-HQ model with the `samhq` torch.compile backend: the main job of this repo.
+"""Fine-tune SAM-HQ on a mask folder with the `samhq` torch.compile backend: the main job of this repo.
 
-    python examples/finetune_samhq.py            # small random-init SAM-HQ, CPU or GPU, about a minute
-    python examples/finetune_samhq.py --full     # ViT-B at 1024x1024 (needs a GPU), bf16 autocast
+    python examples/finetune_samhq.py             # tiny random-init SAM-HQ on a generated mask folder (CPU ok)
+    python examples/finetune_samhq.py --model DIR_OR_HUB_ID --data DIR [--train decoder|lora|full]
+        [--steps N | --epochs N] [--batch B] [--lr LR] [--bf16] [--out DIR] [--resume DIR/checkpoint-K]
+    python examples/finetune_samhq.py --full      # random-init ViT-B at 1024x1024 (GPU), bf16 autocast
 
-Builds a Hugging Face `SamHQModel` with random weights (no download), makes synthetic images with
-box prompts whose target mask is the box, compiles the model with backend="samhq", trains a few
-steps and prints loss, step time, peak memory and how many attention blocks were fused. Before
-training it checks that the compiled model's loss equals eager's on the first batch.
+The data layout is in samhq_data.py, the checkpoint layout in samhq_model_io.py. With no --model a
+random-init model is built; with no --data a small mask folder is generated under --out first, so the
+default run needs no download. The vision encoder is compiled with --backend (samhq by default; the
+README's Known issues say why not the whole model). Before training the compiled loss is checked against
+eager on the first batch. Loss: BCE + dice on the low-res mask logits; AdamW, linear warm-up then cosine
+decay. Written under --out: checkpoint-<step>/, metrics.jsonl (loss per step, validation mask IoU and
+boundary IoU at each evaluation, before training included), curves.png and summary.json (ms/step,
+peak memory, validation IoU before and after: one run's numbers).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import math
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
-from transformers import SamHQModel
 
-from samhq_fx.models import random_init_, sam_hq_config
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper modules beside this file
+import samhq_data  # noqa: E402
+import samhq_metrics  # noqa: E402
+import samhq_model_io as io  # noqa: E402
 
 try:
     from tqdm import tqdm
 except ImportError:  # the progress bar is optional
     tqdm = None
+say = tqdm.write if tqdm else print  # prints between progress-bar redraws instead of through them
+
+DEFAULT_LR = {"decoder": 1e-3, "lora": 5e-4, "full": 1e-4}  # SAM-HQ trains its decoder at 1e-3
 
 
-def build_model(full: bool, attn: str) -> SamHQModel:
-    # full: SAM-HQ ViT-B, 64x64 tokens, 14x14 windows, 4 global layers; else a small one for CPU
-    return random_init_(SamHQModel(sam_hq_config(attn, full)))
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="SamHQModel.from_pretrained dir or cached hub id (default: random)")
+    p.add_argument("--full", action="store_true", help="with no --model: random ViT-B at 1024x1024 (GPU)")
+    p.add_argument("--data", default=None, help="mask folder: images/, masks/, optional val.txt (default: generated)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="held out when there is no val.txt (seeded)")
+    p.add_argument("--points", type=int, default=0, help="also prompt with N points drawn inside the mask")
+    p.add_argument("--box-jitter", type=float, default=0.1, help="training box noise, fraction of the box size")
+    p.add_argument("--train", choices=io.TRAIN_MODES, default="decoder")
+    p.add_argument("--lora-rank", type=int, default=8)
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None, help="optimizer steps in all (default 100)")
+    length.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None, help="default: 2 small, 1 full")
+    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {DEFAULT_LR})")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 10%% of the steps)")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="autocast (default: on GPU)")
+    p.add_argument("--out", default="finetune_out", help="checkpoints, metrics.jsonl, curves.png")
+    p.add_argument("--resume", default=None, help="a checkpoint-<step> folder to continue from")
+    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (always at the end)")
+    p.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: 4 times a run)")
+    p.add_argument("--workers", type=int, default=None, help="data-loading processes (default: 4 on GPU, 0 on CPU)")
+    p.add_argument("--seed", type=int, default=None, help="data split, order, jitter and points (default 0)")
+    p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="HF attn_implementation")
+    p.add_argument("--backend", default="samhq", help="torch.compile backend for the encoder (samhq, inductor, none)")
+    p.add_argument("--mode", default=None, help="torch.compile mode, e.g. reduce-overhead")
+    p.add_argument("--samhq-aot-eager", action="store_true", help="samhq rewrite, then aot_eager (fast CPU compile)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dump-dir", default=None, help="write samhq graph dumps and match reports here")
+    p.add_argument("--no-check", action="store_true", help="skip the eager-vs-compiled loss check")
+    return p, p.parse_args(argv)
 
 
-def synthetic_batch(batch: int, image_size: int, mask_size: int, generator: torch.Generator):
-    """Smooth random images, one box prompt each, and the box as the target mask (low-res logits size)."""
-    coarse = torch.rand(batch, 3, 8, 8, generator=generator)
-    images = F.interpolate(coarse, size=image_size, mode="bilinear", align_corners=False) * 2 - 1
-    lo = torch.rand(batch, 2, generator=generator) * 0.5
-    hi = lo + 0.2 + torch.rand(batch, 2, generator=generator) * 0.3
-    boxes = torch.cat([lo, hi], dim=1)[:, None, :] * image_size  # [B, 1, (x0, y0, x1, y1)]
-    grid = (torch.arange(mask_size) + 0.5) / mask_size * image_size
-    inside_x = (grid[None, :] >= boxes[:, 0, 0:1]) & (grid[None, :] <= boxes[:, 0, 2:3])
-    inside_y = (grid[None, :] >= boxes[:, 0, 1:2]) & (grid[None, :] <= boxes[:, 0, 3:4])
-    masks = (inside_y[:, :, None] & inside_x[:, None, :]).float()  # [B, mask, mask]
-    return images, boxes, masks
+def predict(core, batch, grad_encoder: bool) -> torch.Tensor:
+    """Low-res mask logits [B, h, w] of the HQ output (what SAM-HQ trains). The encoder is called on its
+    own so that it can run without autograd when it is frozen (and so it is the compiled part)."""
+    with torch.set_grad_enabled(grad_encoder and torch.is_grad_enabled()):
+        vis = core.vision_encoder(batch["pixel_values"])
+    out = core(image_embeddings=vis.last_hidden_state, intermediate_embeddings=vis.intermediate_embeddings,
+               input_boxes=batch["input_boxes"], input_points=batch.get("input_points"),
+               input_labels=batch.get("input_labels"), multimask_output=False, hq_token_only=True)
+    return out.pred_masks[:, 0, 0].float()
 
 
-def loss_fn(model, images, boxes, masks):
-    out = model(pixel_values=images, input_boxes=boxes, multimask_output=False)
-    logits = out.pred_masks[:, 0, 0].float()  # [B, h, w]
-    return F.binary_cross_entropy_with_logits(logits, masks)
+def loss_fn(logits, target):
+    bce = F.binary_cross_entropy_with_logits(logits, target)
+    prob, target = logits.sigmoid().flatten(1), target.flatten(1)
+    dice = 1 - (2 * (prob * target).sum(1) + 1) / (prob.sum(1) + target.sum(1) + 1)
+    return bce + dice.mean()
+
+
+def warmup_cosine(warmup: int, total: int):
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+    return factor
+
+
+def to_device(batch, device):
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(core, samples, processor, args, device, autocast, mask_size, image_size):
+    """Mean mask IoU and boundary IoU over `samples`, exact box prompts. Runs the encoder eagerly: compiling
+    it again for no-grad inference would cost a second compile for a few batches."""
+    if not samples:
+        return None
+    core.eval()
+    scores = []
+    with autocast, torch.compiler.set_stance("force_eager"):
+        for i in range(0, len(samples), args.batch):
+            batch = samhq_data.make_batch(samples[i:i + args.batch], processor, mask_size, None, points=args.points)
+            logits = predict(core, to_device(batch, device), grad_encoder=False)
+            scores += samhq_metrics.batch_scores(logits, batch, image_size)
+    core.train()
+    return {"val_iou": statistics.fmean(s[0] for s in scores), "val_boundary_iou": statistics.fmean(s[1] for s in scores)}
 
 
 def peak_memory_mib(device: torch.device) -> float:
@@ -62,90 +132,185 @@ def peak_memory_mib(device: torch.device) -> float:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--full", action="store_true", help="SAM-HQ ViT-B at 1024x1024 (GPU)")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--batch", type=int, default=None, help="default: 2 small, 1 full")
-    p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="HF attn_implementation")
-    p.add_argument("--backend", default="samhq", help="torch.compile backend (samhq, inductor) or 'none'")
-    p.add_argument("--mode", default=None, help="torch.compile mode, e.g. reduce-overhead")
-    p.add_argument("--compile", choices=["model", "vision-encoder"], default=None,
-                   help="what to compile (default: model; vision-encoder with --full, see README 'Known issues')")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast (default with --full)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dump-dir", default=None, help="write samhq graph dumps and match reports here")
-    p.add_argument("--no-check", action="store_true", help="skip the eager-vs-compiled loss check")
-    args = p.parse_args(argv)
+    p, args = parse_args(argv)
     device = torch.device(args.device)
-    if args.full and device.type != "cuda":
+    if args.full and device.type != "cuda" and not args.model:
         p.error("--full needs a CUDA GPU")
-    batch = args.batch or (1 if args.full else 2)
-    bf16 = args.bf16 or args.full
+    spec = args.model or ("random:vit-b" if args.full else "random:tiny")
+    bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
     torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it, as most fine-tuning runs do
+    out = Path(args.out)
 
-    model = build_model(args.full, args.attn).to(device).train()
-    image_size = model.config.vision_config.image_size
-    mask_size = 4 * image_size // model.config.vision_config.patch_size  # SAM's low-res mask logits
-    gen = torch.Generator().manual_seed(0)
-    data = [tuple(t.to(device) for t in synthetic_batch(batch, image_size, mask_size, gen)) for _ in range(args.steps)]
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    options = {"samhq.dump_dir": args.dump_dir} if args.dump_dir and args.backend == "samhq" else None
+    # Everything that can fail on bad input happens before the first byte is written under --out
+    if args.resume:
+        trained, processor, state = io.load_checkpoint(args.resume, args.train, args.attn)
+        if args.model and args.model != state["model"]:
+            p.error(f"--resume {args.resume} was trained from --model {state['model']}, not {args.model}")
+        spec = state["model"]
+        # what the batches depend on comes from the checkpoint unless given again: an exact continuation
+        for key in ("data", "batch", "seed"):
+            if getattr(args, key) is None:
+                setattr(args, key, state.get(key))
+    else:
+        model, processor = io.load(spec, args.attn)
+        state = {}
+    args.batch = args.batch or (1 if args.full else 2)
+    args.seed = 0 if args.seed is None else args.seed
+    core = io.core_model(trained) if args.resume else model
+    image_size, mask_size = core.config.vision_config.image_size, io.mask_size(core)
+    if args.data:
+        samples = samhq_data.scan(args.data)
+    else:
+        data_dir = samhq_data.write_synthetic(out / "data", size=image_size, seed=args.seed)
+        samples = samhq_data.scan(data_dir)
+    train_set, val_set = samhq_data.split(samples, args.data or out / "data", args.val_fraction, args.seed)
+    if not args.resume:
+        trained = io.prepare(model, args.train, args.lora_rank)
+        core = io.core_model(trained)
+    per_epoch = max(1, len(train_set) // args.batch)
+    total = args.epochs * per_epoch if args.epochs else (args.steps if args.steps is not None else 100)
+    lr = args.lr or DEFAULT_LR[args.train]
+    warmup = args.warmup if args.warmup is not None else max(1, total // 10)
+    eval_every = args.eval_every or max(1, total // 4)
+    core.to(device).train()
+
+    options = {}
+    if args.dump_dir and args.backend == "samhq":
+        options["samhq.dump_dir"] = args.dump_dir
+    if args.samhq_aot_eager and args.backend == "samhq":
+        options["samhq.inductor"] = False
     mode = args.mode
-    if options and mode:  # torch.compile takes mode= or options=, not both: the mode goes in as samhq.mode
+    if options and mode:  # torch.compile takes mode= or options=, not both: samhq takes the mode as an option
         options, mode = {**options, "samhq.mode": mode}, None
-    scope = args.compile or ("vision-encoder" if args.full else "model")
-    compiled = model
-    if args.backend != "none" and scope == "model":
-        compiled = torch.compile(model, backend=args.backend, mode=mode, options=options)
-    elif args.backend != "none":
-        # All rel-pos attention (and most FLOPs) is in the vision encoder. On the H200 (torch 2.11) plain
-        # Inductor, like samhq, fails in the mask decoder's conv backward in bf16 (README: Known issues).
-        model.vision_encoder.compile(backend=args.backend, mode=mode, options=options)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"SAM-HQ {'ViT-B 1024' if args.full else 'small'}: {n_params / 1e6:.1f}M params, batch {batch}, "
-          f"attn={args.attn}, backend={args.backend} ({scope}), {'bf16 autocast' if bf16 else 'fp32'}, {device}")
+    if args.backend != "none":
+        core.vision_encoder.compile(backend=args.backend, mode=mode, options=options or None)
+    params = [q for q in trained.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(warmup, total))
+    start = state.get("step", 0)
+    batch_args = {"data": args.data, "batch": args.batch, "seed": args.seed}  # saved with each checkpoint
+    if args.resume:
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    grad_encoder = args.train != "decoder"
+    n_train = sum(q.numel() for q in params)
+    print(f"SAM-HQ {spec}: {sum(q.numel() for q in trained.parameters()) / 1e6:.2f}M params, "
+          f"{n_train / 1e6:.3f}M trained ({args.train}); data: {len(train_set)} train / {len(val_set)} val; "
+          f"batch {args.batch}, {total} steps, lr {lr:g}; backend={args.backend} (vision encoder), "
+          f"{'bf16 autocast' if bf16 else 'fp32'}, {device}")
 
-    if not args.no_check:
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "metrics.jsonl"
+    # a resumed run's log starts with the interrupted run's records up to the checkpoint (from --out, or from
+    # beside the checkpoint when --out is a new folder), so curves.png and summary.json cover the whole run
+    old_log = log_path if log_path.exists() else Path(args.resume or out) / ".." / "metrics.jsonl"
+    records = [json.loads(line) for line in old_log.read_text().splitlines()] if start and old_log.exists() else []
+    records = [r for r in records if r["step"] < start or ("val_iou" in r and r["step"] == start)]
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def log(record):
+        records.append(record)
+        with log_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run_eval(step):
+        metrics = evaluate(core, val_set, processor, args, device, autocast, mask_size, image_size)
+        if metrics:
+            log({"step": step, **metrics})
+            say(f"validation at step {step}: mask IoU {metrics['val_iou']:.4f}, "
+                  f"boundary IoU {metrics['val_boundary_iou']:.4f}")
+        return metrics
+
+    batches = samhq_data.StepBatches(train_set, processor, mask_size, args.batch, args.seed, args.box_jitter,
+                                     args.points, start, total)
+    workers = args.workers if args.workers is not None else (4 if device.type == "cuda" else 0)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=workers,
+                                         pin_memory=device.type == "cuda")
+
+    if start == 0:
+        run_eval(0)
+    check_diff = None
+    if not args.no_check and start < total:
         print("check: compiling (cold caches: minutes for ViT-B) and comparing with eager...", flush=True)
         t0 = time.perf_counter()
+        first = to_device(batches[0], device)
         with autocast, torch.compiler.set_stance("force_eager"):
-            eager_loss = loss_fn(model, *data[0]).item()
+            eager_loss = loss_fn(predict(core, first, grad_encoder), first["target"]).item()
         with autocast:
-            compiled_loss = loss_fn(compiled, *data[0]).item()
+            compiled_loss = loss_fn(predict(core, first, grad_encoder), first["target"]).item()
+        check_diff = abs(eager_loss - compiled_loss)
         print(f"check: eager loss {eager_loss:.6f}, compiled loss {compiled_loss:.6f}, "
-              f"|diff| {abs(eager_loss - compiled_loss):.2e} ({time.perf_counter() - t0:.0f} s)", flush=True)
+              f"|diff| {check_diff:.2e} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = [], []
-    steps = tqdm(data, desc="train", unit="step") if tqdm else data
-    for images, boxes, masks in steps:
+    bar = tqdm(desc=f"train {args.train}", unit="step", initial=start, total=total) if tqdm else None
+    for step, batch in enumerate(loader, start):
+        batch = to_device(batch, device)
         t0 = time.perf_counter()
         with autocast:
-            loss = loss_fn(compiled, images, boxes, masks)
+            loss = loss_fn(predict(core, batch, grad_encoder), batch["target"])
         loss.backward()
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-        if tqdm:
-            steps.set_postfix(loss=f"{losses[-1]:.4f}")
+        log({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0], "ms": times[-1] * 1e3})
+        if bar is not None:
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{args.batch / times[-1]:.1f}")
         else:
-            print(f"step {len(losses)}: loss {losses[-1]:.4f} ({times[-1] * 1e3:.0f} ms)")
+            print(f"step {step}: loss {losses[-1]:.4f} ({times[-1] * 1e3:.0f} ms)")
+        done = step + 1
+        if done % eval_every == 0 and done < total:
+            run_eval(done)
+        if args.save_every and done % args.save_every == 0 and done < total:
+            io.save_checkpoint(out, done, trained, args.train, spec, processor,
+                               {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **batch_args})
+    if bar is not None:
+        bar.close()
+    final_metrics = run_eval(total)
+    ckpt = io.save_checkpoint(out, total, trained, args.train, spec, processor,
+                              {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), **batch_args})
+    png = samhq_metrics.plot_curves(records, out / "curves.png")
 
-    steady = times[1:] or times
-    print(f"loss: {losses[0]:.4f} -> {losses[-1]:.4f}")
-    print(f"step time: first (compile) {times[0]:.1f} s, then median {statistics.median(steady) * 1e3:.1f} ms")
-    print(f"peak memory: {peak_memory_mib(device):.0f} MiB ({'GPU allocated' if device.type == 'cuda' else 'process RSS'})")
+    evals = [r for r in records if "val_iou" in r]
     fused = counters["samhq"]["fused"]
-    n_layers = model.config.vision_config.num_hidden_layers
+    steady = times[1:] or times or [float("nan")]
+    summary = {  # one line per run for comparing backends and recipes (examples/gpu_proof.sh reads it)
+        "train": args.train, "backend": args.backend, "model": spec, "batch": args.batch, "steps": total,
+        "bf16": bf16, "device": str(device), "fused": fused, "check_abs_diff": check_diff,
+        "ms_per_step": statistics.median(steady) * 1e3, "first_step_s": times[0] if times else None,
+        "peak_mib": peak_memory_mib(device), "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        **{f"{k}_{when}": e[k] for when, e in ((("before", evals[0]), ("after", evals[-1])) if evals else ())
+           for k in ("val_iou", "val_boundary_iou")},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if losses:
+        print(f"loss: {losses[0]:.4f} -> {losses[-1]:.4f}")
+        print(f"step time: first {times[0]:.1f} s, then median {summary['ms_per_step']:.1f} ms "
+              f"({args.batch * 1e3 / summary['ms_per_step']:.1f} img/s)")
+    print(f"peak memory: {summary['peak_mib']:.0f} MiB ({'GPU allocated' if device.type == 'cuda' else 'process RSS'})")
+    if evals:
+        print(f"validation mask IoU: {evals[0]['val_iou']:.4f} (step {evals[0]['step']}) -> {evals[-1]['val_iou']:.4f} "
+              f"(step {evals[-1]['step']}); boundary IoU {evals[0]['val_boundary_iou']:.4f} -> "
+              f"{evals[-1]['val_boundary_iou']:.4f}")
+    n_layers = core.config.vision_config.num_hidden_layers
     print(f"attention blocks fused by samhq: {fused} (vision encoder has {n_layers} attention layers; "
           f"counted per compiled graph)")
-    return {"losses": losses, "times": times, "fused": fused}
+    print(f"wrote {ckpt}/, {log_path}, {out / 'summary.json'}{', ' + str(png) if png else ''}")
+    return {"losses": losses, "times": times, "fused": fused, "evals": evals, "checkpoint": ckpt,
+            "final": final_metrics, "steps": total}
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (samhq_data.DatasetError, io.ModelError) as e:  # bad input: the message, not a traceback
+        sys.exit(f"error: {e}")

@@ -1,0 +1,171 @@
+"""SAM-HQ models for fine-tuning: load or build them, choose what trains, save and resume checkpoints.
+
+    python examples/samhq_model_io.py DIR [--vit-b]   # save a random-init SAM-HQ (tiny, or ViT-B 1024) to DIR
+
+A model is named by a spec: a directory or cached hub id that `SamHQModel.from_pretrained` takes, or
+"random:tiny" / "random:vit-b" for a random-init model (`samhq_fx.models.random_init_`, seeded, so the
+same spec rebuilds the same weights; a LoRA resume rebuilds its base model that way).
+A checkpoint folder (`DIR/checkpoint-<step>/`) holds
+    model/               save_pretrained weights (safetensors) and the processor: what segment.py loads;
+                         for LoRA the adapter merged into the base model
+    adapter/             LoRA only: the peft adapter, with the trained mask decoder (modules_to_save)
+    trainer_state.pt     optimizer, scheduler, step, train mode, base-model spec, and the data folder, batch
+                         size and seed that the batches follow (a resume takes them unless given again)
+It is written to a temporary folder and renamed, so an interrupted save leaves no half checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import SamHQConfig, SamHQModel, SamHQProcessor
+
+from samhq_fx.models import random_init_, sam_hq_config
+
+TRAIN_MODES = ("decoder", "lora", "full")
+# The vision encoder's attention projections; the fused op sits between them, so LoRA here keeps it fused.
+LORA_TARGETS = r"vision_encoder\.layers\.\d+\.attn\.(qkv|proj)"
+
+
+class ModelError(ValueError):
+    """--model / --resume does not name a usable SAM-HQ checkpoint; the message names it."""
+
+
+def random_config(kind: str, attn: str = "sdpa") -> SamHQConfig:
+    # vit-b: SAM-HQ ViT-B, 64x64 tokens, 14x14 windows, 4 global layers; tiny: 8x8 tokens, for CPU
+    if kind not in ("tiny", "vit-b"):
+        raise ModelError(f"unknown random model {kind!r} (tiny, vit-b)")
+    return sam_hq_config(attn, full=kind == "vit-b")
+
+
+def mask_size(model: SamHQModel) -> int:
+    """Side of SAM's low-res mask logits: 4x the image-embedding grid (256 at 1024 / patch 16)."""
+    vc = model.config.vision_config
+    return 4 * vc.image_size // vc.patch_size
+
+
+def processor_for(image_size: int, mask_size_: int) -> SamHQProcessor:
+    """A SAM-HQ processor for `image_size` inputs. Built from a preprocessor_config.json because that is
+    the format every transformers 5.x reads, whichever image-processor backend it picks."""
+    cfg = {"image_processor_type": "SamImageProcessor", "processor_class": "SamHQProcessor",
+           "size": {"longest_edge": image_size}, "pad_size": {"height": image_size, "width": image_size},
+           "mask_size": {"longest_edge": mask_size_}, "mask_pad_size": {"height": mask_size_, "width": mask_size_}}
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "preprocessor_config.json").write_text(json.dumps(cfg))
+        return SamHQProcessor.from_pretrained(d)
+
+
+def load(spec: str, attn: str = "sdpa"):
+    """(model, processor) for a spec; fp32 weights (autocast does the bf16)."""
+    if spec.startswith("random:"):
+        model = random_init_(SamHQModel(random_config(spec.split(":", 1)[1], attn)))
+        return model, processor_for(model.config.vision_config.image_size, mask_size(model))
+    from transformers import PretrainedConfig
+
+    try:  # local_files_only: a hub id must already be in the cache; no run reaches the network on its own
+        cfg, _ = PretrainedConfig.get_config_dict(spec, local_files_only=True)
+    except OSError as e:
+        raise ModelError(f"--model {spec}: not a model directory with config.json, nor a hub id in the local "
+                         f"cache ({e})") from e
+    if cfg.get("model_type") is None:
+        raise ModelError(f"--model {spec}: no config.json with a model_type there, not a SAM-HQ checkpoint")
+    if cfg.get("model_type") != "sam_hq":
+        raise ModelError(f"--model {spec}: model_type is {cfg.get('model_type')!r}, not a SAM-HQ checkpoint "
+                         f"('sam_hq')")
+    try:
+        model = SamHQModel.from_pretrained(spec, local_files_only=True, dtype=torch.float32,
+                                           attn_implementation=attn)
+        processor = SamHQProcessor.from_pretrained(spec, local_files_only=True)
+    except Exception as e:  # missing or broken files raise OSError, ValueError, SafetensorError...: all bad input
+        raise ModelError(f"--model {spec}: cannot load SAM-HQ weights and processor "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    return model, processor
+
+
+def save_model(model: SamHQModel, processor, path: str | Path) -> None:
+    model.save_pretrained(path)  # safetensors
+    processor.save_pretrained(path)
+
+
+def prepare(model: SamHQModel, mode: str, lora_rank: int = 8):
+    """Set what trains; returns the module the optimizer and checkpoints see (a PeftModel for lora).
+    decoder: SAM-HQ's recipe, encoder and prompt encoder frozen, the mask decoder (with the HQ token and
+    the fusion convolutions) trained. lora: adapters on the encoder's attention projections, plus the
+    decoder. full: everything."""
+    if mode == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        # dropout 0: peft's LoRA dropout would draw from the global RNG and break exact resumption
+        cfg = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, target_modules=LORA_TARGETS,
+                         modules_to_save=["mask_decoder"])
+        return get_peft_model(model, cfg)
+    for name, p in model.named_parameters():
+        p.requires_grad_(mode == "full" or name.startswith("mask_decoder."))
+    return model
+
+
+def core_model(trained) -> SamHQModel:
+    """The SamHQModel inside (peft injects its layers in place, so calling this runs the adapters)."""
+    return trained.get_base_model() if hasattr(trained, "get_base_model") else trained
+
+
+def save_checkpoint(out: Path, step: int, trained, mode: str, spec: str, processor, state: dict) -> Path:
+    final = out / f"checkpoint-{step}"
+    tmp = out / f".checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if mode == "lora":
+        trained.save_pretrained(tmp / "adapter")
+        # merge into a freshly loaded base: merging in place (merge_adapter / unmerge_adapter) would round
+        # the training weights and a resumed run would no longer match an uninterrupted one
+        from peft import PeftModel
+
+        base, _ = load(spec)
+        merged = PeftModel.from_pretrained(base, tmp / "adapter").merge_and_unload()
+        save_model(merged, processor, tmp / "model")
+    else:
+        save_model(trained, processor, tmp / "model")
+    torch.save(dict(state, step=step, train=mode, model=spec), tmp / "trainer_state.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def load_checkpoint(path: str | Path, mode: str, attn: str = "sdpa"):
+    """(trained, processor, state) from a checkpoint folder, ready for `mode` (which must be the saved one)."""
+    path = Path(path)
+    if not (path / "trainer_state.pt").is_file():
+        raise ModelError(f"--resume {path}: no trainer_state.pt (expected a DIR/checkpoint-<step> folder)")
+    state = torch.load(path / "trainer_state.pt", weights_only=True)
+    if state["train"] != mode:
+        raise ModelError(f"--resume {path}: saved with --train {state['train']}, not --train {mode}")
+    if mode == "lora":
+        from peft import PeftModel
+
+        base, processor = load(state["model"], attn)
+        trained = PeftModel.from_pretrained(base, path / "adapter", is_trainable=True)
+    else:
+        model, processor = load(str(path / "model"), attn)
+        trained = prepare(model, mode)
+    return trained, processor, state
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", help="where to save the model (save_pretrained) and its processor")
+    p.add_argument("--vit-b", action="store_true", help="SAM-HQ ViT-B at 1024x1024 instead of the tiny model")
+    args = p.parse_args(argv)
+    model, processor = load("random:vit-b" if args.vit_b else "random:tiny")
+    save_model(model, processor, args.dir)
+    print(f"saved a random-init SAM-HQ ({'ViT-B' if args.vit_b else 'tiny'}) to {args.dir}")
+
+
+if __name__ == "__main__":
+    main()

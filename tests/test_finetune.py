@@ -1,0 +1,163 @@
+"""examples/finetune_samhq.py and segment.py on a tiny saved SAM-HQ (CPU, samhq rewrite + aot_eager).
+
+Each --train mode runs a few steps from a save_pretrained model with its attention fused, trains what it
+says and nothing else, and a run resumed from its mid-way checkpoint gives exactly the uninterrupted run's
+losses. Bad --model and --data stop the run before anything is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import fresh_compile_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+pytest.importorskip("transformers")
+pytest.importorskip("PIL")
+from safetensors.torch import load_file  # noqa: E402
+
+import finetune_samhq  # noqa: E402
+import samhq_data  # noqa: E402
+import samhq_model_io  # noqa: E402
+import segment  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(saved tiny random SAM-HQ dir, a 10-image mask folder: 9 train, 1 validation)."""
+    root = tmp_path_factory.mktemp("finetune")
+    samhq_model_io.main([str(root / "model")])
+    return root / "model", samhq_data.write_synthetic(root / "data", n=10, size=64, seed=1)
+
+
+def _run(args):
+    fresh_compile_state()
+    return finetune_samhq.main(args + ["--samhq-aot-eager", "--device", "cpu"])
+
+
+def _changed(before: dict, after: dict, prefix: str) -> set[str]:
+    return {k for k in before if k.startswith(prefix) and not torch.equal(before[k], after[k])}
+
+
+@pytest.mark.parametrize("mode", ["decoder", "lora", "full"])
+def test_train_mode_fused_trains_its_part_and_resumes_exactly(tiny, tmp_path, mode, capsys):
+    model_dir, data = tiny
+    common = ["--model", str(model_dir), "--data", str(data), "--train", mode, "--steps", "4", "--eval-every", "2"]
+    common += ["--points", "2"] if mode == "lora" else []  # boxes plus points drawn inside the mask
+    a = _run(common + ["--out", str(tmp_path / "a"), "--save-every", "2"] + (["--no-check"] if mode != "decoder" else []))
+    assert a["fused"] == 2  # the windowed and the global layer; with LoRA adapters on qkv / proj too
+    assert len(a["losses"]) == 4 and all(np.isfinite(a["losses"]))
+    assert [e["step"] for e in a["evals"]] == [0, 2, 4]  # before training, mid-way, after
+    out = capsys.readouterr().out
+    assert "attention blocks fused by samhq: 2" in out and ("check: eager loss" in out) == (mode == "decoder")
+
+    ckpt = tmp_path / "a" / "checkpoint-4"
+    assert (ckpt / "model" / "model.safetensors").is_file() and (ckpt / "trainer_state.pt").is_file()
+    assert (tmp_path / "a" / "checkpoint-2").is_dir() and (tmp_path / "a" / "curves.png").stat().st_size > 0
+    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 4 + 3
+    before, after = load_file(model_dir / "model.safetensors"), load_file(ckpt / "model" / "model.safetensors")
+    assert _changed(before, after, "mask_decoder.")  # every recipe trains the decoder
+    assert not _changed(before, after, "prompt_encoder.") or mode == "full"
+    qkv = {k for k in before if k.startswith("vision_encoder.layers.") and ".attn.qkv.weight" in k}
+    mlp = {k for k in before if k.startswith("vision_encoder.layers.") and ".mlp." in k}
+    assert (_changed(before, after, "vision_encoder.") & qkv == qkv) == (mode != "decoder")  # lora: merged in
+    assert (_changed(before, after, "vision_encoder.") & mlp == mlp) == (mode == "full")
+    assert (ckpt / "adapter" / "adapter_model.safetensors").is_file() == (mode == "lora")
+
+    # --model, --data, --batch and --seed come from the checkpoint
+    workers = ["--workers", "2"] if mode == "full" else []  # loader processes must not change what a step sees
+    b = _run(common[4:] + ["--out", str(tmp_path / "b"), "--resume", str(tmp_path / "a" / "checkpoint-2"), "--no-check"]
+             + workers)
+    assert b["fused"] == 2
+    assert b["losses"] == a["losses"][2:]  # bit-equal: data, jitter and optimizer state all resume exactly
+    assert b["evals"] == a["evals"]  # the log before the checkpoint is carried over
+    resumed = load_file(tmp_path / "b" / "checkpoint-4" / "model" / "model.safetensors")
+    assert not _changed(after, resumed, "")
+
+
+def test_bad_model_and_data_stop_before_writing(tiny, tmp_path):
+    model_dir, data = tiny
+    from transformers import SamConfig
+
+    SamConfig().save_pretrained(tmp_path / "sam")  # a SAM, not a SAM-HQ
+    with pytest.raises(samhq_model_io.ModelError, match=f"{tmp_path / 'sam'}.*not a SAM-HQ"):
+        finetune_samhq.main(["--model", str(tmp_path / "sam"), "--out", str(tmp_path / "out")])
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    (broken / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(samhq_model_io.ModelError, match=f"{broken}: cannot load SAM-HQ weights"):
+        finetune_samhq.main(["--model", str(broken), "--out", str(tmp_path / "out")])
+    bad = tmp_path / "data"
+    shutil.copytree(data, bad)
+    (bad / "masks" / "0003.png").unlink()
+    with pytest.raises(samhq_data.DatasetError, match=f"{bad / 'images' / '0003.png'}: image with no mask"):
+        finetune_samhq.main(["--model", str(model_dir), "--data", str(bad), "--out", str(tmp_path / "out")])
+    with pytest.raises(samhq_model_io.ModelError, match="saved with --train"):
+        finetune_samhq.main(["--resume", str(_fake_checkpoint(tmp_path)), "--train", "full", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def _fake_checkpoint(tmp_path):
+    ckpt = tmp_path / "checkpoint-1"
+    ckpt.mkdir()
+    torch.save({"train": "decoder", "model": "random:tiny", "step": 1}, ckpt / "trainer_state.pt")
+    return ckpt
+
+
+def test_segment_writes_mask_and_overlay_compiled_or_not(tiny, tmp_path):
+    from PIL import Image
+
+    model_dir, data = tiny
+    image = data / "images" / "0001.png"  # 48 high, 64 wide
+    fresh_compile_state()
+    common = ["--model", str(model_dir), "--image", str(image), "--box", "10", "8", "50", "40"]
+    eager = segment.main(common + ["--out", str(tmp_path / "eager.png")])
+    compiled = segment.main(common + ["--out", str(tmp_path / "c.png"), "--compile", "--samhq-aot-eager"])
+    assert compiled["fused"] == 2
+    written = np.asarray(Image.open(tmp_path / "eager.png"))
+    assert written.shape == (48, 64) and set(np.unique(written)) <= {0, 255}
+    assert np.array_equal(written > 0, eager["mask"]) and np.array_equal(eager["mask"], compiled["mask"])
+    overlay = Image.open(tmp_path / "eager_overlay.png")
+    assert overlay.size == (64, 48) and overlay.mode == "RGB"
+    point = segment.main(["--model", str(model_dir), "--image", str(image), "--point", "30", "20",
+                          "--out", str(tmp_path / "p.png"), "--overlay", str(tmp_path / "p_over.png")])
+    assert point["mask"].shape == (48, 64) and (tmp_path / "p_over.png").is_file()
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG broken")
+    with pytest.raises(samhq_data.DatasetError, match="broken.png"):
+        segment.main(common[:2] + ["--image", str(tmp_path / "broken.png"), "--box", "0", "0", "5", "5",
+                                   "--out", str(tmp_path / "x.png")])
+
+
+def test_commands_from_a_shell(tiny, tmp_path):
+    """As a person runs them: --model as a hub id found in the local cache (no network), and bad input as
+    one error line naming the file, exit status non-zero, no traceback."""
+    import os
+    import subprocess
+
+    model_dir, data = tiny
+    snapshot = tmp_path / "hub" / "models--someone--tiny-samhq" / "snapshots" / "0123abcd"
+    shutil.copytree(model_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    done = subprocess.run([sys.executable, str(examples / "segment.py"), "--model", "someone/tiny-samhq", "--image",
+                           str(data / "images" / "0000.png"), "--point", "30", "30", "--out", str(tmp_path / "m.png")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.png").is_file() and (tmp_path / "m_overlay.png").is_file()
+    (tmp_path / "images").mkdir()
+    (tmp_path / "masks").mkdir()
+    (tmp_path / "masks" / "lonely.png").write_bytes((data / "masks" / "0000.png").read_bytes())
+    done = subprocess.run([sys.executable, str(examples / "finetune_samhq.py"), "--model", "someone/tiny-samhq",
+                           "--data", str(tmp_path), "--out", str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"error: {tmp_path / 'masks' / 'lonely.png'}: mask with no image" in done.stderr
+    assert not (tmp_path / "out").exists()
