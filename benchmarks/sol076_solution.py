@@ -100,8 +100,11 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
     r_h, r_w = torch.arange(rows_h, device=dev), torch.arange(rows_w, device=dev)
     kh = i_h[:, None] - r_h[None, :] + H - 1  # [H, rows_h]
     kw = i_w[:, None] - r_w[None, :] + W - 1  # [W, rows_w]
-    dt_h = drh.view(BH, H, W, H).gather(3, kh.clamp(0, H - 1).view(1, H, 1, rows_h).expand(BH, H, W, rows_h))
-    dt_w = drw.view(BH, H, W, W).gather(3, kw.clamp(0, W - 1).view(1, 1, W, rows_w).expand(BH, H, W, rows_w))
+    # any in-range column serves the masked entries: remainder, not clamp, because torch 2.11's Inductor
+    # folds a clamped iota into a sympy Max it cannot compare ("The argument '6 - ((0))' is not comparable",
+    # every workload on the H200; its CPU backend never builds that index)
+    dt_h = drh.view(BH, H, W, H).gather(3, kh.remainder(H).view(1, H, 1, rows_h).expand(BH, H, W, rows_h))
+    dt_w = drw.view(BH, H, W, W).gather(3, kw.remainder(W).view(1, 1, W, rows_w).expand(BH, H, W, rows_w))
     dt = torch.cat([dt_h.masked_fill(((kh < 0) | (kh >= H)).view(1, H, 1, rows_h), 0),
                     dt_w.masked_fill(((kw < 0) | (kw >= W)).view(1, 1, W, rows_w), 0)], 3).view(BH * N, rows_h + rows_w)
     dq_rel = torch.mm(dt, tables)
@@ -113,12 +116,6 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
     dx = torch.mm(dqkv, qkv_weight).view(B, H, W, C)
     return (dx, torch.mm(dqkv.t(), x2), dqkv.sum(0), dwb_proj[:, :C], dwb_proj[:, C],
             d_tables[:rows_h], d_tables[rows_h:])
-
-
-# torch 2.11 on the H200: Inductor's loop merging after fusion (GPU nodes only; the CPU backend skips it) fails
-# on the rel-pos gather's index expression with sympy's "The argument '6 - ((0))' is not comparable"
-# (InductorError, every workload). Without loop reordering the same graph compiles.
-INDUCTOR_FIXES = {"loop_ordering_after_fusion": False}
 
 
 def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", backend: str = "inductor",
@@ -135,7 +132,7 @@ def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", bac
     if mode is None:
         compiled = fn
     else:  # torch.compile takes a mode or options, not both: spell the mode out as its options
-        opts = {**torch._inductor.list_mode_options(mode), **INDUCTOR_FIXES, **(options or {})}
+        opts = {**torch._inductor.list_mode_options(mode), **(options or {})}
         compiled = torch.compile(fn, backend=backend, options=opts, fullgraph=True, dynamic=dynamic)
     resolved = {}
     seen = set()
