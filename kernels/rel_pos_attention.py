@@ -262,14 +262,13 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         )
 
     n_kv, n_qb = triton.cdiv(hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])
+    kt = _keys_kmajor(k, hk, wk, wk_pad, r_q) if kmajor else k  # dQ's K-major copy
     if fused:
-        kt = _keys_kmajor(k, hk, wk, wk_pad, r_q) if kmajor else k
         launch("both", (n_kv + n_qb, b), *kv_copies(), kt, cfg_kv)
     else:
         # dQ first: it writes delta for dK/dV. Each launch's copies are released before the next one's,
         # so the two sets never add up in the peak (same stream: the caching allocator reuses the memory
         # only after the launch has read it)
-        kt = _keys_kmajor(k, hk, wk, wk_pad, r_q) if kmajor else k
         launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
         del kt
         launch("dkdv", (n_kv, b), *kv_copies(), k, cfg_kv)
