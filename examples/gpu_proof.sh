@@ -22,11 +22,11 @@ MODES=${*:-decoder lora full}
 mkdir -p "$WORK"
 
 if [ -n "${WHEELS:-}" ]; then
-    pip install -q --no-index --find-links "$WHEELS" peft pillow 2>&1 | tail -2
+    python -m pip install -q --no-index --find-links "$WHEELS" peft pillow 2>&1 | tail -2
 fi
 # patterns/ and kernels/ install as samhq_fx.* (pyproject), and the backend is an entry point: install the tree
 python -c "import samhq_fx.patterns, samhq_fx.kernels" 2>/dev/null \
-    || pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+    || python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 python -c "import PIL" || { echo "Pillow is not installed: pip install pillow (or WHEELS=dir)"; exit 1; }
 python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 
