@@ -10,6 +10,12 @@ The split launches run dQ first, so delta needs no kernel of its own. The fused 
 launch and lets dK/dV and dQ programs share the chip, which is what small problems (12 heads x a few
 query blocks) need; its price is an extra load of an out tile per dK/dV step.
 
+Who reduces d_rel_w (KV_COLS, a config key). Rows: the dQ program, elementwise over its key tiles, in a
+[BLOCK_M, BLOCK_N] fp32 accumulator that costs 61 registers a thread and kept dQ at 2 CTAs per SM in bf16.
+Columns: the dK/dV program walks the key grid transposed (each tile is whole grid columns, so rel_w is one
+value per query and rel_h the tile), and d_rel_w[:, kw] is the column sum of its dS^T tile at each query
+step, stored at once: one writer per element, as before.
+
 No atomics: every output element has one writer and a fixed reduction order, so the same inputs give the
 same bits. The price is recomputing P and dP in both parts (7 N*N*D matmuls instead of FA2's 5).
 """

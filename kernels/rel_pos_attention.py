@@ -15,8 +15,9 @@ row width padded to a power of two WK_PAD (BLOCK_N = R * WK_PAD; padded columns 
     once per query block, before the key loop;
   * the rel_h part is rel_h[i, kh0] for the whole tile when R == 1 (grids at least 64 wide: one
     [BLOCK_M] vector load per tile), or a small gather from L1 when R > 1 (narrow grids);
-  * in the backward, d_rel_w[i, :] is the plain elementwise sum of the dS tiles (R == 1) and
-    d_rel_h[i, kh0] is one row-sum of the tile, both owned by the program that owns query row i.
+  * in the backward, d_rel_h[i, kh0] is one row-sum of the tile, owned by the program that owns query
+    row i; d_rel_w too is owned by one program per element: the query row's (the elementwise sum of its
+    dS tiles, R == 1) or, with KV_COLS, the key column's (dK/dV walking the grid by columns).
 The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys masked).
 
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
