@@ -8,7 +8,6 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
-    python benchmarks/sweep_kernels.py --kvcols    # backward: d_rel_w in dQ (key rows) or dK/dV (key columns)
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -215,32 +214,6 @@ def sweep_switch(results, knob_name: str, mode: str):
     return rows
 
 
-# --kvcols: who reduces d_rel_w. Rows: dQ, with a [BLOCK_M, BLOCK_N] fp32 accumulator (228 registers,
-# 2 CTAs per SM in bf16). Columns: dK/dV walks the key grid by columns and sums each step's dS^T tile
-# (dQ 167 registers: 3 CTAs per SM; dK/dV 192 -> 209, still 2). bf16 and TF32, the SAM-B global layer
-# (64x64x1) and every 076 shape; "shipped" is the table as it stands.
-KV_COLS_VARIANTS = {"rows": {"bwd": dict(KV_COLS=False)}, "columns": {"bwd": dict(KV_COLS=True)}, "shipped": {}}
-
-
-def sweep_kv_cols(results, shapes=((64, 1),) + tuple(SOL)):
-    rows = []
-    for mode in ("bf16", "fp32-tf32"):
-        dtype, prec = MODES[mode]
-        torch.set_float32_matmul_precision(prec)
-        for side, batch in shapes:
-            q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
-            for name, table in KV_COLS_VARIANTS.items():
-                with overrides(table):
-                    ms = time_call(K, q, k, v, rh, rw, do, "bwd")
-                rows.append(dict(sweep="sol", mode=mode, grid=side, batch=batch, variant=name, kernel="bwd",
-                                 **({"ms": ms} if isinstance(ms, float) else {"error": ms})))
-                print(rows[-1], flush=True)
-    results["sweep_kv_cols"] = rows
-    if not WARM["only"]:
-        print_bwd_tables(rows, shapes)
-    return rows
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -248,7 +221,6 @@ def main():
     ap.add_argument("--narrow", action="store_true")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
-    ap.add_argument("--kvcols", action="store_true")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
     ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the candidates")
@@ -261,8 +233,7 @@ def main():
     baseline = load_module(args.baseline) if args.baseline else None
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
-                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
-                      (args.kvcols, lambda: sweep_kv_cols(results))):
+                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16"))):
         if flag:
             run()
             if WARM["only"]:

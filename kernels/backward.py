@@ -10,12 +10,6 @@ The split launches run dQ first, so delta needs no kernel of its own. The fused 
 launch and lets dK/dV and dQ programs share the chip, which is what small problems (12 heads x a few
 query blocks) need; its price is an extra load of an out tile per dK/dV step.
 
-Who reduces d_rel_w (KV_COLS, a config key). Rows: the dQ program, elementwise over its key tiles, in a
-[BLOCK_M, BLOCK_N] fp32 accumulator that costs 61 registers a thread and kept dQ at 2 CTAs per SM in bf16.
-Columns: the dK/dV program walks the key grid transposed (each tile is whole grid columns, so rel_w is one
-value per query and rel_h the tile), and d_rel_w[:, kw] is the column sum of its dS^T tile at each query
-step, stored at once: one writer per element, as before.
-
 No atomics: every output element has one writer and a fixed reduction order, so the same inputs give the
 same bits. The price is recomputing P and dP in both parts (7 N*N*D matmuls instead of FA2's 5).
 """
@@ -33,25 +27,19 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _dkdv_program(
     pid_t, b,
-    Q, K, V, RH, RW, DO, O, LSE, DELTA, DK, DV_, QT, DOT, DRROW,
+    Q, K, V, RH, RW, DO, O, LSE, DELTA, DK, DV_, QT, DOT,
     sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
     srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
     sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
-    sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d, sdr_b, sdr_n, sdr_k,
+    sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, BIAS_T: tl.constexpr,
-    RH_SELECT: tl.constexpr, DELTA_INLINE: tl.constexpr, J_ROW: tl.constexpr, J_COL: tl.constexpr,
-    STORE_DROW: tl.constexpr,
+    RH_SELECT: tl.constexpr, DELTA_INLINE: tl.constexpr,
 ):
     # Owns key tile pid_t (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
     # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
-    # "Rows" are the grid as this program walks it: key j = row * J_ROW + col * J_COL, RH the bias by row,
-    # RW the bias by column. The host passes the key grid transposed (rows = key columns, RH = rel_w,
-    # RW = rel_h, J_ROW = 1, J_COL = Wk) when this program also reduces the row bias's gradient
-    # (STORE_DROW, into DRROW): then d_rel_w, whose sums run over key rows, has one writer here, and dQ
-    # needs no [BLOCK_M, BLOCK_N] d_rel_w accumulator (module docstring).
     BLOCK_N: tl.constexpr = R * WK_PAD
     kh0 = pid_t * R
     offs_n = tl.arange(0, BLOCK_N)
@@ -62,7 +50,7 @@ def _dkdv_program(
     kh = kh0 + row
     col_ok = _col_ok(col, WK, WK_PAD)
     n_ok = col_ok & (kh < HK)
-    j = kh * J_ROW + col * J_COL
+    j = kh * WK + col
 
     # k: [BLOCK_N, D_PAD], v: [BLOCK_N, DV_PAD], resident for the whole query loop
     k = tl.load(K + b * sk_b + j[:, None] * sk_n + offs_d[None, :] * sk_d,
@@ -125,15 +113,6 @@ def _dkdv_program(
             dk = _dot(dsT, _load_kmajor(QT, b, sqt_b, sqt_d, offs_m, offs_d, D), dk, PREC)
         else:
             dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, PREC)
-        if STORE_DROW:  # the row bias's gradient: the column sums of dsT, R rows at a time
-            if R == 1:
-                tl.store(DRROW + b * sdr_b + offs_m * sdr_n + kh0 * sdr_k,
-                         tl.sum(dsT, 0).to(DRROW.dtype.element_ty), mask=m_ok)
-            else:
-                offs_r = kh0 + tl.arange(0, R)
-                tl.store(DRROW + b * sdr_b + offs_m[None, :] * sdr_n + offs_r[:, None] * sdr_k,
-                         tl.sum(tl.reshape(dsT, [R, WK_PAD, BLOCK_M]), 1).to(DRROW.dtype.element_ty),
-                         mask=m_ok[None, :] & (offs_r[:, None] < HK))
 
     dk = dk * scale
     tl.store(DK + b * sdk_b + j[:, None] * sdk_n + offs_d[None, :] * sdk_d, dk.to(DK.dtype.element_ty),
@@ -154,11 +133,10 @@ def _dq_program(
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr,
-    STORE_DELTA: tl.constexpr, DRW_HERE: tl.constexpr,
+    STORE_DELTA: tl.constexpr,
 ):
     # Owns query block pid_m, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
-    # reduces them itself: no atomics, fixed order. Without DRW_HERE, d_rel_w is dK/dV's (it walks the key
-    # grid by columns): its [BLOCK_M, BLOCK_N] fp32 accumulator is what held dQ to 2 CTAs per SM.
+    # reduces them itself: no atomics, fixed order.
     BLOCK_N: tl.constexpr = R * WK_PAD
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -218,22 +196,18 @@ def _dq_program(
             # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
             tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
                      tl.sum(ds, 1).to(DRH.dtype.element_ty), mask=m_ok)
-            if DRW_HERE:
-                drw += ds
+            drw += ds
         else:
             ds3 = tl.reshape(ds, [BLOCK_M, R, WK_PAD])
             offs_r = kh0 + tl.arange(0, R)
             tl.store(DRH + b * sdrh_b + offs_m[:, None] * sdrh_n + offs_r[None, :] * sdrh_k,
                      tl.sum(ds3, 2).to(DRH.dtype.element_ty), mask=m_ok[:, None] & (offs_r[None, :] < HK))
-            if DRW_HERE:
-                drw += tl.sum(ds3, 1)
+            drw += tl.sum(ds3, 1)
 
     dq = dq * scale
     tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d[None, :] * sdq_d, dq.to(DQ.dtype.element_ty),
              mask=m_ok[:, None] & (offs_d[None, :] < D))
-    if not DRW_HERE:
-        pass
-    elif R == 1:
+    if R == 1:
         tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col[None, :] * sdrw_k,
                  drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
     else:
@@ -257,8 +231,6 @@ def _bwd_kernel(
     PART: tl.constexpr,  # "dq", "dkdv" or "both" (module docstring)
     R_KV: tl.constexpr, BLOCK_M_KV: tl.constexpr, RH_SELECT_KV: tl.constexpr, BIAS_T: tl.constexpr,
     R_Q: tl.constexpr, BLOCK_M_Q: tl.constexpr, RH_SELECT_Q: tl.constexpr,
-    KV_COLS: tl.constexpr,  # dK/dV walks the key grid by columns (R_KV columns of WK_PAD_KV rows) -> d_rel_w
-    WK_PAD_KV: tl.constexpr,
 ):
     # q, k: [B, N, D]  v, do, out: [B, N, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]  lse, delta: [B, N_Q]
     # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
@@ -267,10 +239,7 @@ def _bwd_kernel(
     scale = tl.cast(scale, tl.float32)
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    if KV_COLS:
-        N_KV_TILES: tl.constexpr = (WK + R_KV - 1) // R_KV
-    else:
-        N_KV_TILES: tl.constexpr = (HK + R_KV - 1) // R_KV
+    N_KV_TILES: tl.constexpr = (HK + R_KV - 1) // R_KV
     if PART == "dq":
         do_kv = False
         pid_q = pid
@@ -280,27 +249,16 @@ def _bwd_kernel(
     else:
         do_kv = pid < N_KV_TILES
         pid_q = pid - N_KV_TILES
-    if do_kv and KV_COLS:  # the grid transposed: rows are key columns, the row bias is rel_w
+    if do_kv:
         _dkdv_program(
-            pid, b, Q, K, V, RW_T, RH_T, DO, O, LSE, DELTA, DK, DV_, QT, DOT, DRW,
-            sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-            srwt_b, srwt_n, srwt_k, srht_b, srht_n, srht_k,
-            sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
-            sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d, sdrw_b, sdrw_n, sdrw_k,
-            N_Q, qk_scale, scale,
-            WK, HK, D, DV, WK_PAD_KV, R_KV, D_PAD, DV_PAD, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
-            PART == "both", 1, WK, True,
-        )
-    elif do_kv:
-        _dkdv_program(
-            pid, b, Q, K, V, RH_T, RW_T, DO, O, LSE, DELTA, DK, DV_, QT, DOT, DRH,
+            pid, b, Q, K, V, RH_T, RW_T, DO, O, LSE, DELTA, DK, DV_, QT, DOT,
             sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
             srht_b, srht_n, srht_k, srwt_b, srwt_n, srwt_k,
             sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
-            sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d, sdrh_b, sdrh_n, sdrh_k,
+            sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
             N_Q, qk_scale, scale,
-            HK, WK, D, DV, WK_PAD_KV, R_KV, D_PAD, DV_PAD, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
-            PART == "both", WK, 1, False,
+            HK, WK, D, DV, WK_PAD, R_KV, D_PAD, DV_PAD, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
+            PART == "both",
         )
     else:
         _dq_program(
@@ -311,5 +269,5 @@ def _bwd_kernel(
             sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
             N_Q, qk_scale, scale,
             HK, WK, D, DV, WK_PAD, R_Q, D_PAD, DV_PAD, BLOCK_M_Q, PREC, KMAJOR, RH_SELECT_Q,
-            PART == "dq", not KV_COLS,
+            PART == "dq",
         )

@@ -18,8 +18,7 @@ Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-ti
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
 loads + selects instead of a tile gather, R > 1 only). The "bwd" rows say how the backward is launched:
 FUSED (dK/dV and dQ programs in one launch, each computing delta itself) or split (dQ first, writing
-delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on num_warps and num_stages. KV_COLS: dK/dV's
-key tiles are whole grid columns (its BLOCK_N then counts key rows per column) and it reduces d_rel_w.
+delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on num_warps and num_stages.
 
 Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/NOTES.md).
 """
@@ -39,10 +38,6 @@ TABLE = [
      "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
     ("bwd", dict(fp32=False), dict(FUSED=False),
      "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; session 6)"),
-    # d_rel_w reduced by dK/dV walking the key grid by columns: dQ loses its [64, 64] fp32 d_rel_w accumulator,
-    # 228 -> 167 registers (3 CTAs per SM instead of 2); dK/dV 192 -> 209, still 2 (ptxas -v, sm_90a)
-    ("bwd", dict(fp32=False), dict(KV_COLS=True),
-     "predicted: bf16 SAM-B bwd -5..-7% (dQ ~20% faster); measurement in NOTES, session 7"),
     # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and
     # one launch latency goes
     ("bwd", dict(fp32=False, max_wk=16), dict(FUSED=True),

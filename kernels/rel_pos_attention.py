@@ -15,9 +15,8 @@ row width padded to a power of two WK_PAD (BLOCK_N = R * WK_PAD; padded columns 
     once per query block, before the key loop;
   * the rel_h part is rel_h[i, kh0] for the whole tile when R == 1 (grids at least 64 wide: one
     [BLOCK_M] vector load per tile), or a small gather from L1 when R > 1 (narrow grids);
-  * in the backward, d_rel_h[i, kh0] is one row-sum of the tile, owned by the program that owns query
-    row i; d_rel_w too is owned by one program per element: the query row's (the elementwise sum of its
-    dS tiles, R == 1) or, with KV_COLS, the key column's (dK/dV walking the grid by columns).
+  * in the backward, d_rel_w[i, :] is the plain elementwise sum of the dS tiles (R == 1) and
+    d_rel_h[i, kh0] is one row-sum of the tile, both owned by the program that owns query row i.
 The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys masked).
 
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
@@ -225,12 +224,10 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     cfg_kv = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk, b * n_q)
     cfg_q = _config("dq", q.dtype, prec, d_pad, dv_pad, wk, b * n_q)
     # one launch needs one num_warps / num_stages for both kinds of program
-    cfg_bwd = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q)
-    fused = cfg_bwd.get("FUSED", False) and all(cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
-    # KV_COLS: dK/dV's key tiles are whole grid columns and it reduces d_rel_w (kernels/backward.py)
-    kv_cols = cfg_bwd.get("KV_COLS", False)
-    wk_pad, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
-    wk_pad_kv, r_kv = _tile(wk, hk, cfg_kv["BLOCK_N"]) if kv_cols else _tile(hk, wk, cfg_kv["BLOCK_N"])
+    fused = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q).get("FUSED", False) and all(
+        cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
+    wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
+    _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
 
     dq = _empty(q.shape, q.dtype, q.device)
     dk = _empty(k.shape, k.dtype, k.device)
@@ -261,11 +258,10 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, D_PAD=d_pad, DV_PAD=dv_pad, PREC=prec, KMAJOR=kmajor,
             PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
             BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
-            KV_COLS=kv_cols, WK_PAD_KV=wk_pad_kv,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
-    n_kv, n_qb = triton.cdiv(wk if kv_cols else hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])
+    n_kv, n_qb = triton.cdiv(hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])
     kt = _keys_kmajor(k, hk, wk, wk_pad, r_q) if kmajor else k  # dQ's K-major copy
     if fused:
         launch("both", (n_kv + n_qb, b), *kv_copies(), kt, cfg_kv)

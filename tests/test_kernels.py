@@ -248,30 +248,6 @@ def test_fused_backward_launch(b, hk, wk, d, mode, bn, monkeypatch, matmul_preci
     assert [kern.__name__ for kern in launches] == ["_fwd_kernel", "_bwd_kernel"]  # one backward launch
 
 
-# (batch, grid hk x wk, head dim, mode, key-tile target, fused launch): non-square grids, so the
-# transposed walk (tiles of whole key columns) has other tile shapes than the row walk: R > 1 and
-# R == 1 column tiles, padded column heights, partial query blocks
-KV_COLS = [
-    (2, 7, 5, 64, "fp32-highest", 16, False),
-    (1, 12, 5, 64, "fp32-high", 16, False),
-    (2, 9, 3, 32, "bf16", 32, False),
-    (1, 20, 2, 32, "bf16", 16, True),
-    (2, 7, 7, 64, "fp32-highest", 16, True),
-    (1, 9, 5, 80, "fp16", 16, False),
-]
-
-
-@pytest.mark.parametrize("b,hk,wk,d,mode,bn,fused", KV_COLS)
-def test_backward_with_key_column_tiles(b, hk, wk, d, mode, bn, fused, monkeypatch, matmul_precision):
-    # KV_COLS: dK/dV walks the key grid by columns and reduces d_rel_w; dQ keeps no d_rel_w accumulator.
-    # Every output against float64 within the mode's bound, and every element written (poisoned buffers)
-    dtype, prec, tol = MODES[mode]
-    matmul_precision(prec)
-    monkeypatch.setattr(K.configs, "OVERRIDES", {"bwd": dict(KV_COLS=True, FUSED=fused), "dkdv": dict(BLOCK_N=bn),
-                                                 "dq": dict(BLOCK_N=bn)})
-    run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=hk * wk), tol)
-
-
 @pytest.mark.parametrize("fp32,prec", [(False, "none"), (True, "tf32"), (True, "tf32x3")])
 def test_fused_backward_rows_agree_on_warps_and_stages(fp32, prec):
     # a fused launch needs one num_warps / num_stages for dK/dV and dQ; backward() silently splits
