@@ -7,6 +7,9 @@ Implementations (all in one process, per precision and workload):
                              inside the op, the operand copies with them) instead of the triton_op one
   solution-combo             the entry with Inductor's combo_kernels (independent small kernels fused side by
                              side into one launch); untried on the GPU, so not in the default set
+  solution-chunked           the entry with max_rows=2**16: the batch in chunks of whole images, so that
+                             the intermediates of one chunk at a time set the peak (64x64x4: 4 chunks;
+                             32x32x8 and 16x16x32: 2); untried on the GPU, so not in the default set
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
                              + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
   inductor-reduce-overhead   torch.compile(layer, mode="reduce-overhead") + torch.autograd.grad
@@ -57,13 +60,15 @@ import sol076_solution  # noqa: E402
 import sol_execbench_076 as bench  # noqa: E402
 
 IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque",
-         "solution-combo")
+         "solution-combo", "solution-chunked")
 DEFAULT_IMPLS = IMPLS[:4]
-CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "solution-combo", "inductor-reduce-overhead",
+CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "solution-combo", "solution-chunked", "inductor-reduce-overhead",
                    "samhq-reduce-overhead")
 SOLUTIONS = {"solution": {}, "solution-opaque": {"fused": "opaque"},
-             "solution-combo": {"options": {"combo_kernels": True}}}  # make_solution() arguments
-PRIORS = {"solution": 12, "solution-opaque": 10, "solution-combo": 12, "inductor-reduce-overhead": 12,
+             "solution-combo": {"options": {"combo_kernels": True}},
+             "solution-chunked": {"max_rows": 2**16}}  # make_solution() arguments
+PRIORS = {"solution": 12, "solution-opaque": 10, "solution-combo": 12, "solution-chunked": 20,
+          "inductor-reduce-overhead": 12,
           "samhq-reduce-overhead": 8, "eager": 3}
 RESULTS_NAME = "sol076_solution.json"
 WARMUP, ITERS = 10, 50  # the benchmark's counts

@@ -56,12 +56,37 @@ def fused_ops(fused: str, device: torch.device):
 
 
 def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
-                    scale: float, fused: str = "opaque"):
+                    scale: float, fused: str = "opaque", max_rows: int | None = None):
     """The 7 gradients of the SAM-HQ attention layer (sol076.attention_layer), forward recomputed.
 
     Plain tensor code: no autograd, traceable with fullgraph=True. Returns them in sol076.INPUT_NAMES order.
     Self-attention over a B x H x W grid with SAM's table sizes (2H-1, 2W-1: interpolation is the identity).
+
+    max_rows: at most this many attention rows (images x heads x queries) at once. The batch is then taken
+    in chunks of whole images and the weight gradients summed in chunk order (the same order every call:
+    deterministic): every intermediate (qkv, q / k / v, T and dT, the kernels' operand copies, dq / dk / dv)
+    exists for one chunk at a time. None: the whole batch at once.
     """
+    B, H, W, C = hidden_states.shape
+    per_image = (C // rel_pos_h.shape[1]) * H * W
+    chunk = B if max_rows is None else max(1, min(B, max_rows // per_image))
+    if chunk >= B:
+        return _backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h,
+                         rel_pos_w, scale, fused)
+    parts = [_backward(grad_output[b0:b0 + chunk], hidden_states[b0:b0 + chunk], qkv_weight, qkv_bias, proj_weight,
+                       proj_bias, rel_pos_h, rel_pos_w, scale, fused) for b0 in range(0, B, chunk)]
+    sums = []
+    for i in range(1, 7):  # weight and table gradients: summed in chunk order
+        total = parts[0][i]
+        for part in parts[1:]:
+            total = total + part[i]
+        sums.append(total)
+    return (torch.cat([part[0] for part in parts]), *sums)
+
+
+def _backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
+              scale: float, fused: str):
+    """sol076_backward for one chunk of the batch (all of it unless max_rows splits it)."""
     B, H, W, C = hidden_states.shape
     d = rel_pos_h.shape[1]
     nh, N = C // d, H * W
@@ -119,15 +144,16 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
 
 
 def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", backend: str = "inductor",
-                  dynamic: bool | None = False, options: dict | None = None):
+                  dynamic: bool | None = False, options: dict | None = None, max_rows: int | None = None):
     """The entry: a callable with the benchmark's signature (grad_output, the 7 inputs, scale) -> 7 gradients.
 
     sol076_backward compiled whole (fullgraph) with `mode`; mode=None gives the eager function. `options`
-    (Inductor config) are added to the mode's, e.g. {"combo_kernels": True}. Inputs may require grad (the
-    benchmark's do): they are detached, so the compiled graph has no autograd in it. Each call returns
-    tensors that the next call of a CUDA-graph build may overwrite (clone to keep them)."""
+    (Inductor config) are added to the mode's, e.g. {"combo_kernels": True}; `max_rows` is
+    sol076_backward's (batch chunks). Inputs may require grad (the benchmark's do): they are detached, so
+    the compiled graph has no autograd in it. Each call returns tensors that the next call of a CUDA-graph
+    build may overwrite (clone to keep them)."""
     def fn(grad_output, *inputs, scale, fused_):
-        return sol076_backward(grad_output, *inputs, scale=scale, fused=fused_)
+        return sol076_backward(grad_output, *inputs, scale=scale, fused=fused_, max_rows=max_rows)
 
     if mode is None:
         compiled = fn
