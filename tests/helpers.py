@@ -29,3 +29,27 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 def fresh_compile_state():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+
+
+def whole_samhq_model_and_loss(tmp_path, device):
+    """The main job's tiny random-init SamHQModel (HF "eager" attention) and one batch of 2 generated masks,
+    through the example's own loaders (examples/samhq_model_io.py, samhq_data.py); the whole-model loss."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import finetune_samhq
+    import samhq_data
+    import samhq_model_io
+
+    model, processor = samhq_model_io.load("random:tiny", "eager")
+    image_size, mask_size = model.config.vision_config.image_size, samhq_model_io.mask_size(model)
+    samples = samhq_data.scan(samhq_data.write_synthetic(tmp_path / "data", n=2, size=image_size, seed=0))
+    batch = finetune_samhq.to_device(samhq_data.make_batch(samples, processor, mask_size, None), device)
+
+    def loss_fn(fn):  # the whole model in one call: encoder, prompt encoder and mask decoder
+        out = fn(pixel_values=batch["pixel_values"], input_boxes=batch["input_boxes"], multimask_output=False,
+                 hq_token_only=True)
+        return finetune_samhq.loss_fn(out.pred_masks[:, 0, 0].float(), batch["target"])
+
+    return model.to(device).train(), loss_fn

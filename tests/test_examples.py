@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import fresh_compile_state
+from helpers import fresh_compile_state, rel_err, whole_samhq_model_and_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 pytest.importorskip("transformers")
@@ -35,3 +35,23 @@ def test_finetune_example_trains_with_fused_attention(tmp_path, capsys):
     assert (tmp_path / "data" / "images").is_dir() and (tmp_path / "checkpoint-3" / "model").is_dir()
     out = capsys.readouterr().out
     assert "check: eager loss" in out and "attention blocks fused by samhq: 2" in out
+
+
+def test_whole_samhq_model_builder_fuses_on_cpu(tmp_path):
+    # the builder behind the GPU whole-model CUDA-graph test, kept working in CI: the example's model and batch,
+    # the whole SamHQModel compiled with samhq, both attention blocks fused, loss and a gradient equal to eager
+    import torch
+    from torch._dynamo.utils import counters
+
+    fresh_compile_state()
+    model, loss_fn = whole_samhq_model_and_loss(tmp_path, "cpu")
+    ref = loss_fn(model)
+    ref.backward()
+    name, param = next((n, p) for n, p in model.named_parameters() if "rel_pos_h" in n)
+    ref_grad = param.grad.clone()
+    model.zero_grad(set_to_none=True)
+    loss = loss_fn(torch.compile(model, backend="samhq"))
+    loss.backward()
+    assert counters["samhq"]["fused"] == 2
+    assert rel_err(loss, ref) < 1e-5
+    assert rel_err(param.grad, ref_grad) < 1e-4, name

@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from samhq_fx.models import random_init_, tiny_vision_config
 
-from helpers import fresh_compile_state, rel_err
+from helpers import fresh_compile_state, rel_err, whole_samhq_model_and_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import sol076  # noqa: E402
@@ -267,27 +267,6 @@ def test_train_step_under_cuda_graphs_has_no_syncs_skips_or_breaks(no_fallback):
         assert rel_err(grads[name], g) < 1e-5, name
 
 
-def _whole_model_and_batch(tmp_path, device):
-    """The main job's tiny random-init SamHQModel (HF "eager" attention) and one batch of 2 generated masks,
-    through the example's own loaders (examples/samhq_model_io.py, samhq_data.py); the whole-model loss."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import finetune_samhq
-    import samhq_data
-    import samhq_model_io
-
-    model, processor = samhq_model_io.load("random:tiny", "eager")
-    image_size, mask_size = model.config.vision_config.image_size, samhq_model_io.mask_size(model)
-    samples = samhq_data.scan(samhq_data.write_synthetic(tmp_path / "data", n=2, size=image_size, seed=0))
-    batch = finetune_samhq.to_device(samhq_data.make_batch(samples, processor, mask_size, None), device)
-
-    def loss_fn(fn):  # the whole model in one call: encoder, prompt encoder and mask decoder
-        out = fn(pixel_values=batch["pixel_values"], input_boxes=batch["input_boxes"], multimask_output=False,
-                 hq_token_only=True)
-        return finetune_samhq.loss_fn(out.pred_masks[:, 0, 0].float(), batch["target"])
-
-    return model.to(device).train(), loss_fn
-
-
 def test_whole_sam_hq_model_trains_under_cuda_graphs(tmp_path, no_fallback):
     # the whole SamHQModel (prompt encoder, mask decoder) in fp32 under reduce-overhead: no skip, no sync after
     # warm-up, same loss as eager. (bf16 hits an Inductor conv-backward stride bug on torch 2.11: README.)
@@ -295,7 +274,7 @@ def test_whole_sam_hq_model_trains_under_cuda_graphs(tmp_path, no_fallback):
 
     torch.set_float32_matmul_precision("highest")
     fresh_compile_state()
-    model, loss_fn = _whole_model_and_batch(tmp_path, "cuda")
+    model, loss_fn = whole_samhq_model_and_loss(tmp_path, "cuda")
     ref = loss_fn(model)
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)
     with cudagraph_skips() as skips:
