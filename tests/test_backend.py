@@ -64,6 +64,10 @@ def test_mode_and_options_pass_through_to_inductor(monkeypatch):
     assert seen["pre_grad_custom_pass"].triton_op is False
     samhq_backend(gm, [torch.ones(2)], mode="reduce-overhead", options={"samhq.triton_op": True})
     assert seen["pre_grad_custom_pass"].triton_op is True
+    # ... and under compiled autograd, whose re-trace of the backward would open the triton_op (GPU test)
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        samhq_backend(gm, [torch.ones(2)])
+    assert seen["pre_grad_custom_pass"].triton_op is False
     for env, want in (("0", False), ("1", True), ("auto", "auto")):
         monkeypatch.setenv("SAMHQ_FX_TRITON_OP", env)
         samhq_backend(gm, [torch.ones(2)])
