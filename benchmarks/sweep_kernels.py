@@ -8,6 +8,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
+    python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -214,6 +215,38 @@ def sweep_switch(results, knob_name: str, mode: str):
     return rows
 
 
+# --fwd-tma: the TMA / warp-specialized forward experiment (kernels/forward_tma.py) against the shipped
+# forward, bf16, on the SAM-B global layer and the 076 grids it takes (sides multiple of 8). Variants:
+# (name, block_m, num_warps, ws). The error column is max |out - shipped out| (bf16 rounding is ~1e-2).
+# "tma-bm64" is the shipped block (64 queries, 4 warps) with TMA loads: the loads' share of any difference
+_FWD_TMA = [("tma-bm64", 64, 4, False), ("tma", 128, 8, False), ("tma-ws", 128, 4, True)]
+
+
+def sweep_fwd_tma(results, shapes=((64, 1),) + tuple(s for s in SOL if s[0] % 8 == 0)):
+    from samhq_fx.kernels import forward_tma as T
+
+    torch.set_float32_matmul_precision("highest")
+    rows = []
+    for side, batch in shapes:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, torch.bfloat16)
+        row = dict(mode="bf16", grid=side, batch=batch, shipped_ms=time_call(K, q, k, v, rh, rw, do, "fwd"))
+        ref_out, ref_lse = K.forward(q, k, v, rh, rw, D ** -0.5)
+        for name, bm, warps, ws in _FWD_TMA:
+            try:
+                call = lambda: T.forward_tma(q, k, v, rh, rw, D ** -0.5, block_m=bm, num_warps=warps, ws=ws)  # noqa: E731
+                out, lse = call()
+                row[f"{name}_err"] = max((out.float() - ref_out.float()).abs().max().item(),
+                                         (lse - ref_lse).abs().max().item())
+                row[f"{name}_ms"] = graph_bench(call)
+            except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
+                torch.cuda.synchronize()
+                row[f"{name}_ms"] = f"{type(e).__name__}: {str(e)[:160]}"
+        print(row, flush=True)
+        rows.append(row)
+    results["sweep_fwd_tma"] = rows
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -221,6 +254,7 @@ def main():
     ap.add_argument("--narrow", action="store_true")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
+    ap.add_argument("--fwd-tma", action="store_true")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
     ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the candidates")
@@ -233,7 +267,8 @@ def main():
     baseline = load_module(args.baseline) if args.baseline else None
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
-                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16"))):
+                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
+                      (args.fwd_tma, lambda: sweep_fwd_tma(results))):
         if flag:
             run()
             if WARM["only"]:

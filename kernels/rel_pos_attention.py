@@ -21,7 +21,8 @@ The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys mas
 
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
 tiles.py (shared pieces), forward.py and backward.py, the block configs in configs.py (one table, each
-row with the measurement behind it).
+row with the measurement behind it). forward_tma.py is an experiment beside them (a TMA, warp-specialized
+Hopper forward with its own host function), not launched from here.
   _fwd_kernel   grid (query blocks, B)   online softmax over key tiles -> out, lse
   _bwd_kernel   PART "dq"   grid (query blocks, B)  owns a query block, loops over key tiles
                             -> dq, d_rel_h, d_rel_w, and delta[i] = <dout[i], out[i]> for dK/dV
