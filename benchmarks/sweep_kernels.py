@@ -9,6 +9,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
+    python benchmarks/sweep_kernels.py --dkdv-tma  # bf16 backward with DKDV_TMA off / on (backward_tma.py's dK/dV)
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -197,12 +198,13 @@ def sweep_narrow(results, mode="fp32-tf32"):
     return rows
 
 
-def sweep_switch(results, knob_name: str, mode: str):
-    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT) off / on, forward and backward, every 076 shape."""
+def sweep_switch(results, knob_name: str, mode: str, shapes=SOL):
+    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT, DKDV_TMA) off / on, forward and backward, per shape
+    (default every 076 shape)."""
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
     rows = []
-    for side, batch in SOL:
+    for side, batch in shapes:
         q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
         row = dict(mode=mode, grid=side, batch=batch, switch=knob_name)
         for on in (False, True):
@@ -222,7 +224,10 @@ def sweep_switch(results, knob_name: str, mode: str):
 _FWD_TMA = [("tma-bm64", 64, 4, False), ("tma", 128, 8, False), ("tma-ws", 128, 4, True)]
 
 
-def sweep_fwd_tma(results, shapes=((64, 1),) + tuple(s for s in SOL if s[0] % 8 == 0)):
+TMA_SHAPES = ((64, 1),) + tuple(s for s in SOL if s[0] % 8 == 0)  # SAM-B global, then the 076 grids they take
+
+
+def sweep_fwd_tma(results, shapes=TMA_SHAPES):
     from samhq_fx.kernels import forward_tma as T
 
     torch.set_float32_matmul_precision("highest")
@@ -255,6 +260,7 @@ def main():
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
+    ap.add_argument("--dkdv-tma", action="store_true")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
     ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the candidates")
@@ -268,7 +274,8 @@ def main():
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
-                      (args.fwd_tma, lambda: sweep_fwd_tma(results))):
+                      (args.fwd_tma, lambda: sweep_fwd_tma(results)),
+                      (args.dkdv_tma, lambda: sweep_switch(results, "DKDV_TMA", "bf16", TMA_SHAPES))):
         if flag:
             run()
             if WARM["only"]:

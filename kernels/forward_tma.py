@@ -13,7 +13,8 @@ tile by a small 0/1 matmul. How the query-side descriptors must be built for the
 the kernel's comments: reading the TTGIR offline found two wrong splits (batch index offset, whole-block
 copies into half-block buffers) and two compiler aborts, each avoided by the spelling here.
 
-Not used by the op yet: benchmarks/sweep_kernels.py --fwd-tma times it against forward.py on the H200.
+The op uses it only under rel_pos_attention.FWD_TMA (off); benchmarks/sweep_kernels.py --fwd-tma times it
+against forward.py on the H200.
 
 Takes: key tiles of one whole grid row (Wk <= 128 keys, padded to a power of two by TMA's zero fill),
 16-bit dtypes, D and Dv powers of two in 16..128, Hk and Wk multiples of 8 (16-byte TMA rows).

@@ -21,8 +21,8 @@ The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys mas
 
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
 tiles.py (shared pieces), forward.py and backward.py, the block configs in configs.py (one table, each
-row with the measurement behind it). forward_tma.py is an experiment beside them (a TMA, warp-specialized
-Hopper forward with its own host function), not launched from here.
+row with the measurement behind it). forward_tma.py and backward_tma.py are experiments beside them (TMA,
+warp-specialized Hopper forward and dK/dV), launched from here only under the FWD_TMA / DKDV_TMA switches.
   _fwd_kernel   grid (query blocks, B)   online softmax over key tiles -> out, lse
   _bwd_kernel   PART "dq"   grid (query blocks, B)  owns a query block, loops over key tiles
                             -> dq, d_rel_h, d_rel_w, and delta[i] = <dout[i], out[i]> for dK/dV
@@ -65,6 +65,13 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # Test hook: when True, every output buffer is filled with NaN right after allocation, so an element
 # a kernel fails to write shows up as NaN in the tests. Never set in production.
 _POISON_OUTPUTS = False
+
+# Experiments, off by default: the TMA / warp-specialized Hopper forward (forward_tma.py) and dK/dV
+# (backward_tma.py) in place of forward.py's kernel and the split backward's dK/dV launch, where they take
+# the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
+# functions build TMA descriptors, which the triton_op path's traced host function cannot.
+FWD_TMA = False
+DKDV_TMA = False
 
 _MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
 _MAX_WK = 128  # one key-grid row must fit in one key tile
@@ -191,6 +198,11 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
 
     Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
     """
+    if FWD_TMA:
+        from . import forward_tma
+
+        if forward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
+            return forward_tma.forward_tma(q, k, v, rel_h, rel_w, scale)
     b, n_q, d = q.shape
     dv = v.shape[2]
     hk, wk = rel_h.shape[2], rel_w.shape[2]
@@ -227,6 +239,12 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     # one launch needs one num_warps / num_stages for both kinds of program
     fused = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q).get("FUSED", False) and all(
         cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
+    dkdv_tma = None
+    if DKDV_TMA:
+        from . import backward_tma
+
+        if backward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
+            dkdv_tma, fused = backward_tma.dkdv_tma, False  # after dQ, which writes delta
     wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
 
@@ -272,5 +290,8 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         # only after the launch has read it)
         launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
         del kt
-        launch("dkdv", (n_kv, b), *kv_copies(), k, cfg_kv)
+        if dkdv_tma is not None:
+            dk, dv = dkdv_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale)
+        else:
+            launch("dkdv", (n_kv, b), *kv_copies(), k, cfg_kv)
     return dq, dk, dv, drh, drw

@@ -1,0 +1,141 @@
+"""Hopper dK/dV, an experiment beside forward_tma.py: the backward's key-side program with every load
+through a TMA descriptor, so that Triton's automatic warp specialization for sm_90 applies.
+
+The split. Warp specialization gives the loop's MMAs to two consumer warp groups by halving their M
+dimension, here the keys, and a warp group's MMA needs M >= 64: so a program owns 128 keys, R = 128 / Wk
+whole grid rows (Wk in 16, 32, 64: each consumer then owns whole rows), and loops over query blocks.
+With 64 keys the pass cannot split and gives both consumers the whole tile (TTGIR, Triton 3.6): twice
+the work for the same result.
+
+The bias. For key j (grid row kh, column c) and query i the score carries rel_w[i, c] + rel_h[i, kh]. As a
+[keys, queries] tile: rel_w^T rows c repeated R times, read from a host copy that repeats them
+(rel_w^T x R, [B, 128, Nq]: a 128-row box that the pass may halve like the keys), and rel_h^T's 16-row group
+holding the tile's key rows spread over the tile by a 0/1 matmul ([128, 16] selector x [16, BLOCK_M]), as
+in forward_tma. The key-side boxes are built in the kernel, 2-D, keys first (the rules in forward_tma).
+
+delta (= rowsum(dout * out)) comes from outside: backward()'s dQ launch writes it in the split schedule.
+The op uses it only under rel_pos_attention.DKDV_TMA (off); benchmarks/sweep_kernels.py --dkdv-tma times the
+backward with and without it on the H200.
+
+Takes: 16-bit dtypes, D and Dv powers of two in 16..128, Wk in (16, 32, 64), Hk a multiple of 128 / Wk,
+Nq a multiple of 8.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .forward_tma import _scratch
+from .rel_pos_attention import _empty
+from .tiles import _dot
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+BLOCK_KEYS = 128
+
+
+@triton.jit
+def _dkdv_tma_kernel(
+    K, V, RWT, q_desc, do_desc, lse_desc, delta_desc, rht_desc, DK, DV_,
+    N_Q, N_K, N_KEY_ROWS, N_RWT_ROWS, qk_scale, scale,
+    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+):
+    # K: [B*Nk, D], V: [B*Nk, Dv], RWT: rel_w^T repeated [B*BLOCK_N, Nq] (row r holds column r % Wk), built here;
+    # q_desc: [B*Nq, D], do_desc: [B*Nq, Dv] in [BLOCK_M, D|Dv]; lse_desc / delta_desc: [1, B*Nq] fp32 in
+    # [1, BLOCK_M]; rht_desc: rel_h^T [B*Hk, Nq] in [16, BLOCK_M] (host descriptors, shared by both consumers).
+    # dk, dv: [B, Nk, D|Dv], rows past this batch's keys not stored.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    scale = tl.cast(scale, tl.float32)
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    key0 = pid_n * BLOCK_N  # inside this batch's Nk keys; a whole number of grid rows
+    kh0 = key0 // WK
+    offs_n = tl.arange(0, BLOCK_N)
+    kh_in_group = (kh0 % 16) + offs_n // WK  # the tile's key rows inside rel_h^T's 16-row group
+    col16 = tl.arange(0, 16)
+    offs_m = tl.arange(0, BLOCK_M)
+    k_desc = tl.make_tensor_descriptor(K, shape=[N_KEY_ROWS, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    v_desc = tl.make_tensor_descriptor(V, shape=[N_KEY_ROWS, DV], strides=[DV, 1], block_shape=[BLOCK_N, DV])
+    rwt_desc = tl.make_tensor_descriptor(RWT, shape=[N_RWT_ROWS, N_Q], strides=[N_Q, 1], block_shape=[BLOCK_N, BLOCK_M])
+
+    k = k_desc.load([b * N_K + key0, 0])  # [BLOCK_N, D]
+    v = v_desc.load([b * N_K + key0, 0])  # [BLOCK_N, DV]
+    # selector [BLOCK_N, 16]: key n takes row kh_in_group[n] of the rel_h^T group
+    # (tl.where, not a cast of the bool: Triton 3.9's interpreter casts bool to bf16 as 0)
+    sel = tl.where(kh_in_group[:, None] == col16[None, :], 1.0, 0.0).to(k.dtype)
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, DV], tl.float32)
+    for m0 in tl.range(0, N_Q, BLOCK_M, warp_specialize=WS):
+        row0 = b * N_Q + m0
+        q = q_desc.load([row0, 0])  # [BLOCK_M, D]
+        do = do_desc.load([row0, 0])  # [BLOCK_M, DV]
+        lse = lse_desc.load([0, row0]).reshape(BLOCK_M) * _LOG2E
+        delta = delta_desc.load([0, row0]).reshape(BLOCK_M)
+        rwt = rwt_desc.load([b * BLOCK_N, m0]).to(tl.float32)  # [BLOCK_N, BLOCK_M]
+        rht16 = rht_desc.load([b * HK + (kh0 // 16) * 16, m0])  # [16, BLOCK_M]
+        rht = _dot(sel, rht16, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), "none")
+        qkT = _dot(k, q.T, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), "none")
+        sT = qkT * qk_scale + (rwt + rht) * _LOG2E
+        # queries past this batch's Nq (the next batch's rows, or zeros past the end) add nothing
+        pT = tl.where((m0 + offs_m < N_Q)[None, :], tl.math.exp2(sT - lse[None, :]), 0.0)
+        dv = _dot(pT.to(do.dtype), do, dv, "none")
+        dpT = _dot(v, do.T, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), "none")
+        dsT = pT * (dpT - delta[None, :])
+        dk = _dot(dsT.to(q.dtype), q, dk, "none")
+
+    j = key0 + offs_n
+    n_ok = j < N_K
+    offs_d = tl.arange(0, D)
+    offs_dv = tl.arange(0, DV)
+    tl.store(DK + (b * N_K + j)[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty), mask=n_ok[:, None])
+    tl.store(DV_ + (b * N_K + j)[:, None] * DV + offs_dv[None, :], dv.to(DV_.dtype.element_ty), mask=n_ok[:, None])
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
+    """None if dkdv_tma takes these inputs (rank-3, as for backward()); else why not."""
+    _, n_q, d = q.shape
+    dv, hk, wk = v.shape[2], rel_h.shape[2], rel_w.shape[2]
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return "16-bit dtypes only"
+    if not (d == _pow2(d) <= 128 and dv == _pow2(dv) <= 128):
+        return f"head dims must be powers of two in 16..128, got D={d}, Dv={dv}"
+    if wk not in (16, 32, 64) or hk % (BLOCK_KEYS // wk) or n_q % 8:
+        return f"a 128-key tile must be whole grid rows and TMA rows 16-byte aligned: Hk={hk}, Wk={wk}, Nq={n_q}"
+    if k.shape[1] != hk * wk:
+        return f"keys must form the Hk x Wk grid: {k.shape[1]} != {hk} x {wk}"
+    return None
+
+
+def dkdv_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale: float, block_m: int = 64, num_warps: int = 4,
+             ws: bool = True):
+    """dk [B, Nk, D], dv [B, Nk, Dv] (input dtypes) for backward()'s inputs, given delta [B, Nq] fp32
+    (rowsum(dout * out)). Check unsupported_reason() first."""
+    b, n_q, d = q.shape
+    n_k, dv_ = k.shape[1], v.shape[2]
+    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    lse, delta = lse.float().contiguous(), delta.float().contiguous()
+    rwt = rel_w.transpose(1, 2).repeat(1, BLOCK_KEYS // wk, 1).contiguous()  # [B, 128, Nq]
+    rht = rel_h.transpose(1, 2).contiguous()  # [B, Hk, Nq]
+    q_desc = TensorDescriptor(q, [b * n_q, d], [d, 1], [block_m, d])
+    do_desc = TensorDescriptor(dout, [b * n_q, dv_], [dv_, 1], [block_m, dv_])
+    lse_desc = TensorDescriptor(lse, [1, b * n_q], [b * n_q, 1], [1, block_m])
+    delta_desc = TensorDescriptor(delta, [1, b * n_q], [b * n_q, 1], [1, block_m])
+    rht_desc = TensorDescriptor(rht, [b * hk, n_q], [n_q, 1], [16, block_m])
+    dk = _empty(k.shape, k.dtype, k.device)
+    dv = _empty(v.shape, v.dtype, v.device)
+    if q.is_cuda:
+        triton.set_allocator(_scratch)
+    _dkdv_tma_kernel[(triton.cdiv(n_k, BLOCK_KEYS), b)](
+        k, v, rwt, q_desc, do_desc, lse_desc, delta_desc, rht_desc, dk, dv,
+        n_q, n_k, b * n_k, b * BLOCK_KEYS, scale * 1.4426950408889634, scale,
+        HK=hk, WK=wk, D=d, DV=dv_, BLOCK_M=block_m, BLOCK_N=BLOCK_KEYS, WS=ws, num_warps=num_warps,
+    )
+    return dk, dv

@@ -1,0 +1,156 @@
+"""The TMA + warp-specialized Hopper experiments, kernels/forward_tma.py and backward_tma.py (dK/dV), against
+the float64 oracle, alone and switched into the op's host functions (rel_pos_attention.FWD_TMA / DKDV_TMA).
+
+On CPU (CI) under TRITON_INTERPRET=1, where descriptors are emulated and `warp_specialize` is ignored, so
+these check the kernels' arithmetic and their TMA boxes (zero-filled padded key columns, query rows past
+Nq, several query blocks, key rows past the first rel_h group); the `gpu` tests run the compiled kernels,
+with and without warp specialization, on the SAM-B global layer and 076 grids. Outputs are poisoned with
+NaN before the kernels write them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+try:
+    from samhq_fx.kernels import backward_tma as BT
+    from samhq_fx.kernels import forward_tma as T
+    from samhq_fx.kernels import rel_pos_attention as K
+except ImportError:  # `python -m pytest` from the repo root
+    from kernels import backward_tma as BT
+    from kernels import forward_tma as T
+    from kernels import rel_pos_attention as K
+from samhq_fx import reference
+from test_kernels import DEVICE, make_inputs, rel_err, run_and_check
+
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(K, "_POISON_OUTPUTS", True)
+
+
+def check(b, n_q, hk, wk, d, dv, dtype, **kw):
+    q, k, v, rel_h, rel_w, _ = make_inputs(b, n_q, hk, wk, d, dv, dtype, seed=b * 1000 + hk * wk + d)
+    assert T.unsupported_reason(q, k, v, rel_h, rel_w) is None
+    scale = d ** -0.5
+    out, lse = T.forward_tma(q, k, v, rel_h, rel_w, scale, **kw)
+    out64, lse64 = reference.forward(*(t.double() for t in (q, k, v, rel_h, rel_w)), scale)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "unwritten or non-finite output"
+    assert rel_err(out, out64) < TOL[dtype], rel_err(out, out64)
+    assert rel_err(lse, lse64) < 1e-4, rel_err(lse, lse64)
+    return out, lse
+
+
+# (batch, Nq, grid hk x wk, D, Dv, dtype, block_m): a padded key tile (wk 8 -> 16, 24 -> 32), a partial last
+# query block (Nq 40, 72, 96), Nq != Nk, Dv != D, key rows past the first rel_h column group (hk 16)
+@pytest.mark.parametrize("b,n_q,hk,wk,d,dv,dtype,block_m", [
+    (2, 64, 8, 8, 16, 16, torch.bfloat16, 32),
+    (3, 40, 8, 8, 32, 32, torch.bfloat16, 16),
+    (1, 72, 8, 24, 16, 32, torch.float16, 32),
+    (2, 96, 16, 8, 16, 16, torch.bfloat16, 64),
+    (1, 256, 16, 16, 64, 64, torch.bfloat16, 64),
+])
+def test_forward_matches_float64(b, n_q, hk, wk, d, dv, dtype, block_m):
+    check(b, n_q, hk, wk, d, dv, dtype, block_m=block_m)
+
+
+def test_forward_unsupported_reason_names_the_shape():
+    x = lambda *s, dt=torch.bfloat16: torch.zeros(*s, dtype=dt)  # noqa: E731
+    assert "16-bit" in T.unsupported_reason(x(1, 64, 16, dt=torch.float32), x(1, 64, 16), x(1, 64, 16),
+                                            x(1, 64, 8), x(1, 64, 8))
+    assert "Wk=14" in T.unsupported_reason(x(1, 196, 16), x(1, 196, 16), x(1, 196, 16), x(1, 196, 14), x(1, 196, 14))
+    assert "D=80" in T.unsupported_reason(x(1, 64, 80), x(1, 64, 80), x(1, 64, 80), x(1, 64, 8), x(1, 64, 8))
+    assert "grid" in T.unsupported_reason(x(1, 64, 16), x(1, 60, 16), x(1, 60, 16), x(1, 64, 8), x(1, 64, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("ws", [False, True])
+@pytest.mark.parametrize("b,side", [(12, 64), (48, 32), (12, 48), (12, 56), (384, 16)])
+def test_gpu_forward_matches_float64_and_forward(b, side, ws):
+    if ws and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warp specialization of this kernel is for sm_90")
+    out, lse = check(b, side * side, side, side, 64, 64, torch.bfloat16, ws=ws)
+    q, k, v, rel_h, rel_w, _ = make_inputs(b, side * side, side, side, 64, 64, torch.bfloat16,
+                                           seed=b * 1000 + side * side + 64)
+    ref_out, ref_lse = K.forward(q, k, v, rel_h, rel_w, 64 ** -0.5)
+    assert (lse - ref_lse).abs().max() < 1e-3
+    assert rel_err(out, ref_out) < 1e-2
+
+
+def check_dkdv(b, n_q, hk, wk, d, dtype, **kw):
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, n_q, hk, wk, d, d, dtype, seed=7 * b + hk * wk + d)
+    assert BT.unsupported_reason(q, k, v, rel_h, rel_w) is None
+    scale = d ** -0.5
+    c64 = [t.double() for t in (q, k, v, rel_h, rel_w, dout)]
+    out64, lse64 = reference.forward(*c64[:5], scale)
+    _, dk64, dv64, _, _ = reference.backward(c64[5], *c64[:5], out64, lse64, scale)
+    delta = (c64[5] * out64).sum(-1).float()
+    dk, dv = BT.dkdv_tma(dout, q, k, v, rel_h, rel_w, lse64.float(), delta, scale, **kw)
+    for name, got, ref in (("dk", dk, dk64), ("dv", dv, dv64)):
+        assert got.dtype == dtype and torch.isfinite(got).all(), f"{name}: unwritten or non-finite"
+        assert rel_err(got, ref) < TOL[dtype], (name, rel_err(got, ref))
+
+
+# (batch, Nq, grid hk x wk, D, dtype, block_m): R = 128 / wk grid rows per key tile (8, 4, 2), a partial last
+# query block (Nq 40), Nq != Nk, key rows in the second rel_h^T group (hk 32)
+@pytest.mark.parametrize("b,n_q,hk,wk,d,dtype,block_m", [
+    (2, 64, 8, 16, 16, torch.bfloat16, 16),
+    (1, 40, 4, 32, 16, torch.float16, 16),
+    (1, 64, 2, 64, 32, torch.bfloat16, 32),
+    (2, 48, 32, 16, 16, torch.bfloat16, 32),
+])
+def test_dkdv_matches_float64(b, n_q, hk, wk, d, dtype, block_m):
+    check_dkdv(b, n_q, hk, wk, d, dtype, block_m=block_m)
+
+
+def test_dkdv_unsupported_reason_names_the_shape():
+    x = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
+    assert "Wk=8" in BT.unsupported_reason(x(1, 64, 16), x(1, 64, 16), x(1, 64, 16), x(1, 64, 8), x(1, 64, 8))
+    assert "Hk=3" in BT.unsupported_reason(x(1, 48, 16), x(1, 48, 16), x(1, 48, 16), x(1, 48, 3), x(1, 48, 16))
+    assert "16-bit" in BT.unsupported_reason(*(t.float() for t in (x(1, 64, 16),) * 3), x(1, 64, 4), x(1, 64, 16))
+
+
+SWITCHES = {"FWD_TMA": (T, "forward_tma"), "DKDV_TMA": (BT, "dkdv_tma")}
+
+
+def switch_on(switch, monkeypatch) -> list:
+    """Turn the op's switch on and record each call of the TMA host function it routes to."""
+    module, name = SWITCHES[switch]
+    calls, fn = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    monkeypatch.setattr(K, switch, True)
+    return calls
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+def test_switched_into_the_op_all_outputs_match_float64(switch, monkeypatch):
+    # through K.forward / K.backward: out, lse and all five gradients (dQ's delta feeds the TMA dK/dV)
+    calls = switch_on(switch, monkeypatch)
+    q, k, v, rel_h, rel_w, dout = make_inputs(1, 64, 8, 16, 16, 16, torch.bfloat16, seed=3)
+    run_and_check(q, k, v, rel_h, rel_w, dout, 2e-2)
+    assert calls == [1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("ws", [False, True])
+@pytest.mark.parametrize("b,side", [(12, 64), (48, 32), (384, 16)])
+def test_gpu_dkdv_matches_float64(b, side, ws):
+    if ws and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warp specialization of this kernel is for sm_90")
+    check_dkdv(b, side * side, side, side, 64, torch.bfloat16, ws=ws)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("switch", list(SWITCHES))
+def test_gpu_switched_into_the_op(switch, monkeypatch):
+    calls = switch_on(switch, monkeypatch)
+    q, k, v, rel_h, rel_w, dout = make_inputs(12, 4096, 64, 64, 64, 64, torch.bfloat16, seed=5)
+    run_and_check(q, k, v, rel_h, rel_w, dout, 2e-2)
+    assert calls == [1]
