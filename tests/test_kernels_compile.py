@@ -2,7 +2,8 @@
 
 Seen on the H200: under Inductor a Python float argument is an fp64 scalar, which silently turned the
 scores and accumulators fp64 and failed a tl.dot type check that a direct launch never hits. This
-compiles every launch of forward/backward for sm_90 on the CPU (Triton's bundled ptxas, no GPU).
+compiles every launch of forward/backward for sm_90 on the CPU (Triton's bundled ptxas, no GPU), and the
+TMA / warp-specialized experiments with a check that Triton still splits them as designed.
 """
 
 import os
@@ -20,3 +21,12 @@ def test_kernels_compile_for_sm90_with_inductor_argument_types():
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == 8, proc.stdout
+
+
+def test_tma_experiments_compile_and_split_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("tma_compile_check.py")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") == 4, proc.stdout
