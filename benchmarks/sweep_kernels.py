@@ -9,7 +9,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
-    python benchmarks/sweep_kernels.py --dkdv-tma  # bf16 backward with DKDV_TMA off / on (backward_tma.py's dK/dV)
+    python benchmarks/sweep_kernels.py --bwd-tma   # bf16 backward with DQ_TMA, DKDV_TMA, both off / on (backward_tma.py)
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -45,13 +45,16 @@ def overrides(table: dict):
 
 
 @contextlib.contextmanager
-def knob(name: str, value):
-    saved = getattr(K, name)
-    setattr(K, name, value)
+def knob(names: str, value):
+    """Set the kernels module's switch (or switches, "A+B") to value for the block."""
+    saved = {n: getattr(K, n) for n in names.split("+")}
+    for n in saved:
+        setattr(K, n, value)
     try:
         yield
     finally:
-        setattr(K, name, saved)
+        for n, v in saved.items():
+            setattr(K, n, v)
 
 
 # --warm-only --shard i/n: compile every candidate once, in n processes at once, into Triton's on-disk
@@ -199,7 +202,7 @@ def sweep_narrow(results, mode="fp32-tf32"):
 
 
 def sweep_switch(results, knob_name: str, mode: str, shapes=SOL):
-    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT, DKDV_TMA) off / on, forward and backward, per shape
+    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT, DQ_TMA, ...; "A+B" for both) off / on, forward and backward, per shape
     (default every 076 shape)."""
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
@@ -260,7 +263,7 @@ def main():
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
-    ap.add_argument("--dkdv-tma", action="store_true")
+    ap.add_argument("--bwd-tma", action="store_true")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
     ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the candidates")
@@ -275,7 +278,8 @@ def main():
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
-                      (args.dkdv_tma, lambda: sweep_switch(results, "DKDV_TMA", "bf16", TMA_SHAPES))):
+                      (args.bwd_tma, lambda: [sweep_switch(results, sw, "bf16", TMA_SHAPES)
+                                              for sw in ("DQ_TMA", "DKDV_TMA", "DQ_TMA+DKDV_TMA")])):
         if flag:
             run()
             if WARM["only"]:

@@ -22,7 +22,8 @@ The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys mas
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
 tiles.py (shared pieces), forward.py and backward.py, the block configs in configs.py (one table, each
 row with the measurement behind it). forward_tma.py and backward_tma.py are experiments beside them (TMA,
-warp-specialized Hopper forward and dK/dV), launched from here only under the FWD_TMA / DKDV_TMA switches.
+warp-specialized Hopper forward, dQ and dK/dV), launched from here only under the FWD_TMA / DQ_TMA /
+DKDV_TMA switches.
   _fwd_kernel   grid (query blocks, B)   online softmax over key tiles -> out, lse
   _bwd_kernel   PART "dq"   grid (query blocks, B)  owns a query block, loops over key tiles
                             -> dq, d_rel_h, d_rel_w, and delta[i] = <dout[i], out[i]> for dK/dV
@@ -66,11 +67,12 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # a kernel fails to write shows up as NaN in the tests. Never set in production.
 _POISON_OUTPUTS = False
 
-# Experiments, off by default: the TMA / warp-specialized Hopper forward (forward_tma.py) and dK/dV
-# (backward_tma.py) in place of forward.py's kernel and the split backward's dK/dV launch, where they take
-# the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
+# Experiments, off by default: the TMA / warp-specialized Hopper forward (forward_tma.py), dQ and dK/dV
+# (backward_tma.py) in place of forward.py's kernel and the split backward's two launches, where they
+# take the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
 # functions build TMA descriptors, which the triton_op path's traced host function cannot.
 FWD_TMA = False
+DQ_TMA = False
 DKDV_TMA = False
 
 _MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
@@ -239,11 +241,13 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     # one launch needs one num_warps / num_stages for both kinds of program
     fused = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q).get("FUSED", False) and all(
         cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
-    dkdv_tma = None
-    if DKDV_TMA:
+    dq_tma = dkdv_tma = None
+    if DQ_TMA or DKDV_TMA:
         from . import backward_tma
 
-        if backward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
+        if DQ_TMA and backward_tma.dq_unsupported_reason(q, k, v, rel_h, rel_w) is None:
+            dq_tma, fused = backward_tma.dq_tma, False
+        if DKDV_TMA and backward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
             dkdv_tma, fused = backward_tma.dkdv_tma, False  # after dQ, which writes delta
     wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
@@ -288,7 +292,11 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         # dQ first: it writes delta for dK/dV. Each launch's copies are released before the next one's,
         # so the two sets never add up in the peak (same stream: the caching allocator reuses the memory
         # only after the launch has read it)
-        launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
+        if dq_tma is not None:
+            delta = (dout.float() * out.float()).sum(-1)  # [B, Nq] fp32: what dQ's launch writes
+            dq, drh, drw = dq_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale)
+        else:
+            launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
         del kt
         if dkdv_tma is not None:
             dk, dv = dkdv_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale)

@@ -115,7 +115,7 @@ def test_dkdv_unsupported_reason_names_the_shape():
     assert "16-bit" in BT.unsupported_reason(*(t.float() for t in (x(1, 64, 16),) * 3), x(1, 64, 4), x(1, 64, 16))
 
 
-SWITCHES = {"FWD_TMA": (T, "forward_tma"), "DKDV_TMA": (BT, "dkdv_tma")}
+SWITCHES = {"FWD_TMA": (T, "forward_tma"), "DQ_TMA": (BT, "dq_tma"), "DKDV_TMA": (BT, "dkdv_tma")}
 
 
 def switch_on(switch, monkeypatch) -> list:
@@ -129,7 +129,8 @@ def switch_on(switch, monkeypatch) -> list:
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
 def test_switched_into_the_op_all_outputs_match_float64(switch, monkeypatch):
-    # through K.forward / K.backward: out, lse and all five gradients (dQ's delta feeds the TMA dK/dV)
+    # through K.forward / K.backward: out, lse and all five gradients (dQ's delta feeds the TMA dK/dV; the
+    # TMA dQ gets delta from a torch reduction, which the shipped dK/dV then reads)
     calls = switch_on(switch, monkeypatch)
     q, k, v, rel_h, rel_w, dout = make_inputs(1, 64, 8, 16, 16, 16, torch.bfloat16, seed=3)
     run_and_check(q, k, v, rel_h, rel_w, dout, 2e-2)
@@ -154,3 +155,39 @@ def test_gpu_switched_into_the_op(switch, monkeypatch):
     q, k, v, rel_h, rel_w, dout = make_inputs(12, 4096, 64, 64, 64, 64, torch.bfloat16, seed=5)
     run_and_check(q, k, v, rel_h, rel_w, dout, 2e-2)
     assert calls == [1]
+
+
+def check_dq(b, n_q, hk, wk, d, dtype, **kw):
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, n_q, hk, wk, d, d, dtype, seed=11 * b + hk * wk + d)
+    assert BT.dq_unsupported_reason(q, k, v, rel_h, rel_w) is None
+    scale = d ** -0.5
+    c64 = [t.double() for t in (q, k, v, rel_h, rel_w, dout)]
+    out64, lse64 = reference.forward(*c64[:5], scale)
+    dq64, _, _, drh64, drw64 = reference.backward(c64[5], *c64[:5], out64, lse64, scale)
+    delta = (c64[5] * out64).sum(-1).float()
+    got = BT.dq_tma(dout, q, k, v, rel_h, rel_w, lse64.float(), delta, scale, **kw)
+    for name, g, ref in zip(("dq", "d_rel_h", "d_rel_w"), got, (dq64, drh64, drw64)):
+        assert g.dtype == dtype and torch.isfinite(g).all(), f"{name}: unwritten or non-finite"
+        assert rel_err(g, ref) < TOL[dtype], (name, rel_err(g, ref))
+
+
+# (batch, Nq, grid hk x wk, D, dtype, block_m): padded key tiles (wk 8 -> 16, 24 -> 32), partial last query
+# blocks (Nq 40, 96, 48), d_rel_h past the first 16 key rows (hk 16, 24)
+@pytest.mark.parametrize("b,n_q,hk,wk,d,dtype,block_m", [
+    (2, 64, 8, 16, 16, torch.bfloat16, 16),
+    (1, 40, 8, 8, 16, torch.float16, 16),
+    (1, 96, 16, 24, 32, torch.bfloat16, 64),
+    (2, 48, 24, 16, 16, torch.bfloat16, 32),
+])
+def test_dq_matches_float64(b, n_q, hk, wk, d, dtype, block_m):
+    check_dq(b, n_q, hk, wk, d, dtype, block_m=block_m)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("ws", [False, True])
+@pytest.mark.parametrize("b,side", [(12, 64), (48, 32), (12, 48), (384, 16)])
+def test_gpu_dq_matches_float64(b, side, ws):
+    if ws and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("warp specialization of this kernel is for sm_90")
+    check_dq(b, side * side, side, side, 64, torch.bfloat16, ws=ws)
