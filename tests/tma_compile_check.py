@@ -3,7 +3,7 @@
 Run as a script with TRITON_INTERPRET unset (tests/test_kernels_compile.py does). For each kernel, with and
 without warp specialization: it compiles, fits an sm_90 block's shared memory, and with WS the TTGIR has the
 producer / consumer split with each query-side (forward) or key-side (dK/dV) tensor map's box halved to the
-consumer's 64 rows: the spelling that Triton 3.6 splits correctly (forward_tma.py's comments). A Triton
+consumer's 64 rows (query side for forward and dQ, key side for dK/dV): the spelling that Triton 3.6 splits correctly (forward_tma.py's comments). A Triton
 upgrade that stops splitting (twice the work) or splits differently fails here, before a GPU sees it.
 """
 
@@ -33,7 +33,7 @@ def compile_kernel(fn, consts: dict, descs: dict, ints: tuple, floats: tuple, nu
         elif p in floats:
             sig[p] = "fp32"
         else:
-            sig[p] = "*fp32" if p == "LSE" else "*bf16"
+            sig[p] = "*fp32" if p in ("LSE", "DELTA") else "*bf16"
     compiled = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=num_warps))
     if compiled.metadata.shared > _SM90_MAX_SHARED:
@@ -69,6 +69,14 @@ def main():
         if ws:
             check_split(ttgir, "dkdv_tma", ("k_desc", "v_desc", "rwt_desc"))
         print(f"ok dkdv_tma ws={ws}: {smem} bytes shared", flush=True)
+
+        consts = dict(HK=grid, WK=grid, WK_PAD=grid, HK_PAD=grid, D=d, DV=d, BLOCK_M=128, WS=ws)
+        descs = {"k_desc": ("bf16", [1, grid, d]), "v_desc": ("bf16", [1, grid, d])}
+        ttgir, smem = compile_kernel(BT._dq_tma_kernel, consts, descs, ("N_Q", "N_ROWS"), ("qk_scale", "scale"),
+                                     8 if not ws else 4)
+        if ws:
+            check_split(ttgir, "dq_tma", ("q_desc", "do_desc", "rw_desc", "rh_desc"))
+        print(f"ok dq_tma ws={ws}: {smem} bytes shared", flush=True)
 
 
 if __name__ == "__main__":
