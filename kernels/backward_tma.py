@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .forward_tma import _scratch
+from . import forward_tma
+from .forward_tma import _pow2, _scratch, dtype_and_dims_reason
 from .rel_pos_attention import _empty
 from .tiles import _dot
 
@@ -158,18 +159,11 @@ def _dq_tma_kernel(
     tl.store(DRW + rows * WK + col[None, :], drw.to(DRW.dtype.element_ty), mask=m_ok & (col[None, :] < WK))
 
 
-def _pow2(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
-
-
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     """None if dkdv_tma takes these inputs (rank-3, as for backward()); else why not."""
-    _, n_q, d = q.shape
-    dv, hk, wk = v.shape[2], rel_h.shape[2], rel_w.shape[2]
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return "16-bit dtypes only"
-    if not (d == _pow2(d) <= 128 and dv == _pow2(dv) <= 128):
-        return f"head dims must be powers of two in 16..128, got D={d}, Dv={dv}"
+    n_q, hk, wk = q.shape[1], rel_h.shape[2], rel_w.shape[2]
+    if (why := dtype_and_dims_reason(q, v)) is not None:
+        return why
     if wk not in (16, 32, 64) or hk % (BLOCK_KEYS // wk) or n_q % 8:
         return f"a 128-key tile must be whole grid rows and TMA rows 16-byte aligned: Hk={hk}, Wk={wk}, Nq={n_q}"
     if k.shape[1] != hk * wk:
@@ -206,10 +200,8 @@ def dkdv_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale: float, block_m: int
 
 
 def dq_unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
-    """None if dq_tma takes these inputs; else why not (forward_tma's conditions)."""
-    from .forward_tma import unsupported_reason
-
-    return unsupported_reason(q, k, v, rel_h, rel_w)
+    """None if dq_tma takes these inputs; else why not (forward_tma's conditions: the same query-side layout)."""
+    return forward_tma.unsupported_reason(q, k, v, rel_h, rel_w)
 
 
 def dq_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale: float, block_m: int = 128, num_warps: int = 4,

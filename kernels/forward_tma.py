@@ -106,14 +106,21 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
-    """None if forward_tma takes these inputs (rank-3, as for forward()); else why not."""
-    _, n_q, d = q.shape
-    dv, hk, wk = v.shape[2], rel_h.shape[2], rel_w.shape[2]
+def dtype_and_dims_reason(q, v) -> str | None:
+    """What every TMA experiment needs of the operands: 16-bit, head dims that are whole TMA / MMA tiles."""
+    d, dv = q.shape[2], v.shape[2]
     if q.dtype not in (torch.bfloat16, torch.float16):
         return "16-bit dtypes only"
     if not (d == _pow2(d) <= 128 and dv == _pow2(dv) <= 128):
         return f"head dims must be powers of two in 16..128, got D={d}, Dv={dv}"
+    return None
+
+
+def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
+    """None if forward_tma takes these inputs (rank-3, as for forward()); else why not."""
+    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    if (why := dtype_and_dims_reason(q, v)) is not None:
+        return why
     if wk % 8 or hk % 8 or wk > 128:
         return f"TMA rows must be 16-byte aligned and a key tile one grid row: Hk={hk}, Wk={wk}"
     if k.shape[1] != hk * wk:

@@ -82,18 +82,27 @@ def test_gpu_forward_matches_float64_and_forward(b, side, ws):
     assert rel_err(out, ref_out) < 1e-2
 
 
+def inputs_and_float64_grads(b, n_q, hk, wk, d, dtype, seed):
+    """Random inputs (q, k, v, rel_h, rel_w, dout), the float64 lse, delta and the five gradients."""
+    ins = make_inputs(b, n_q, hk, wk, d, d, dtype, seed=seed)
+    c64 = [t.double() for t in ins]
+    out64, lse64 = reference.forward(*c64[:5], d ** -0.5)
+    grads64 = reference.backward(c64[5], *c64[:5], out64, lse64, d ** -0.5)
+    return ins, lse64.float(), (c64[5] * out64).sum(-1).float(), grads64
+
+
+def assert_close(names, got, ref, dtype):
+    for name, g, r in zip(names, got, ref):
+        assert g.dtype == dtype and torch.isfinite(g).all(), f"{name}: unwritten or non-finite"
+        assert rel_err(g, r) < TOL[dtype], (name, rel_err(g, r))
+
+
 def check_dkdv(b, n_q, hk, wk, d, dtype, **kw):
-    q, k, v, rel_h, rel_w, dout = make_inputs(b, n_q, hk, wk, d, d, dtype, seed=7 * b + hk * wk + d)
+    (q, k, v, rel_h, rel_w, dout), lse, delta, grads64 = inputs_and_float64_grads(b, n_q, hk, wk, d, dtype,
+                                                                                   7 * b + hk * wk + d)
     assert BT.unsupported_reason(q, k, v, rel_h, rel_w) is None
-    scale = d ** -0.5
-    c64 = [t.double() for t in (q, k, v, rel_h, rel_w, dout)]
-    out64, lse64 = reference.forward(*c64[:5], scale)
-    _, dk64, dv64, _, _ = reference.backward(c64[5], *c64[:5], out64, lse64, scale)
-    delta = (c64[5] * out64).sum(-1).float()
-    dk, dv = BT.dkdv_tma(dout, q, k, v, rel_h, rel_w, lse64.float(), delta, scale, **kw)
-    for name, got, ref in (("dk", dk, dk64), ("dv", dv, dv64)):
-        assert got.dtype == dtype and torch.isfinite(got).all(), f"{name}: unwritten or non-finite"
-        assert rel_err(got, ref) < TOL[dtype], (name, rel_err(got, ref))
+    got = BT.dkdv_tma(dout, q, k, v, rel_h, rel_w, lse, delta, d ** -0.5, **kw)
+    assert_close(("dk", "dv"), got, grads64[1:3], dtype)
 
 
 # (batch, Nq, grid hk x wk, D, dtype, block_m): R = 128 / wk grid rows per key tile (8, 4, 2), a partial last
@@ -158,17 +167,11 @@ def test_gpu_switched_into_the_op(switch, monkeypatch):
 
 
 def check_dq(b, n_q, hk, wk, d, dtype, **kw):
-    q, k, v, rel_h, rel_w, dout = make_inputs(b, n_q, hk, wk, d, d, dtype, seed=11 * b + hk * wk + d)
+    (q, k, v, rel_h, rel_w, dout), lse, delta, grads64 = inputs_and_float64_grads(b, n_q, hk, wk, d, dtype,
+                                                                                   11 * b + hk * wk + d)
     assert BT.dq_unsupported_reason(q, k, v, rel_h, rel_w) is None
-    scale = d ** -0.5
-    c64 = [t.double() for t in (q, k, v, rel_h, rel_w, dout)]
-    out64, lse64 = reference.forward(*c64[:5], scale)
-    dq64, _, _, drh64, drw64 = reference.backward(c64[5], *c64[:5], out64, lse64, scale)
-    delta = (c64[5] * out64).sum(-1).float()
-    got = BT.dq_tma(dout, q, k, v, rel_h, rel_w, lse64.float(), delta, scale, **kw)
-    for name, g, ref in zip(("dq", "d_rel_h", "d_rel_w"), got, (dq64, drh64, drw64)):
-        assert g.dtype == dtype and torch.isfinite(g).all(), f"{name}: unwritten or non-finite"
-        assert rel_err(g, ref) < TOL[dtype], (name, rel_err(g, ref))
+    got = BT.dq_tma(dout, q, k, v, rel_h, rel_w, lse, delta, d ** -0.5, **kw)
+    assert_close(("dq", "d_rel_h", "d_rel_w"), got, (grads64[0], *grads64[3:]), dtype)
 
 
 # (batch, Nq, grid hk x wk, D, dtype, block_m): padded key tiles (wk 8 -> 16, 24 -> 32), partial last query
