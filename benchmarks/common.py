@@ -277,6 +277,41 @@ class Budget:
         self.seen.add(kind)
 
 
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def add_run_args(ap, results: str, budget: float = 480.0, resume: bool = True, profile: str | None = None,
+                 chart: bool = True) -> None:
+    """--out, --time-budget, --device, and where the runner has them --resume / --no-profile / --no-chart: the
+    flags the runners share. results: the file(s) it writes, for --out's help; profile: what --no-profile skips."""
+    ap.add_argument("--out", default=RESULTS_DIR, help=f"results directory ({results})")
+    if resume:
+        ap.add_argument("--resume", default=None, help="an earlier results JSON: keep its finished cells, run only "
+                                                       "the rest, write the union to --out")
+    ap.add_argument("--time-budget", type=float, default=budget,
+                    help="seconds; cells that would not finish in time are skipped (listed; use --resume). 0 = none")
+    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    if profile:
+        ap.add_argument("--no-profile", dest="profile", action="store_false", help=f"skip {profile}")
+    if chart:
+        ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write PNG charts")
+
+
+def pick_device(name: str | None) -> torch.device:
+    """--device, or CUDA when there is one."""
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def start_run(args, priors: dict) -> tuple[torch.device, "Budget", dict]:
+    """A runner's start: its device, its time budget (priors: estimated seconds per cell kind), --gpus checked
+    against the GPUs there are (where the runner has --gpus), and the environment for the results file."""
+    device = pick_device(args.device)
+    budget = Budget(args.time_budget, priors)
+    if hasattr(args, "gpus"):
+        args.gpus = usable_gpus(args.gpus, device, budget.t0)
+    return device, budget, env_info()
+
+
 def add_cell_args(ap, cell_form: str) -> None:
     """--gpus / --cells, shared by the benchmark scripts (cell_form: 'a/b/c')."""
     ap.add_argument("--gpus", type=int, default=1,

@@ -191,12 +191,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up calls per cell, the first (compiling) one included")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--time-budget", type=float, default=480.0,
-                    help="seconds; cells that would not finish in time are skipped. 0 = none")
-    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the GPU-busy profile")
-    ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write the PNG chart")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    common.add_run_args(ap, "inference.json, inference.png", resume=False, profile="the GPU-busy profile")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: small model, batch 1, tf32, eager-eager + samhq-eager, 1 call each")
     common.add_cell_args(ap, "dtype/batch/impl")
@@ -221,11 +216,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    budget = common.Budget(args.time_budget, PRIORS)
+    device, budget, env = common.start_run(args, PRIORS)
     t0 = budget.t0
-    args.gpus = common.usable_gpus(args.gpus, device, t0)
-    env = common.env_info()
     common.log(f"inference on {env['device']}: torch {env['torch']}; impls {','.join(args.impls)}; "
                f"targets {args.target}; batch {args.batch}; {','.join(args.dtype)}", t0)
     if device.type == "cuda" and args.profile:

@@ -261,10 +261,7 @@ def parse_args(argv=None):
     ap.add_argument("--precision", default="high", help="comma list of highest,high,medium, or 'all'")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="warm-up calls, the compiling one included")
     ap.add_argument("--iters", type=int, default=ITERS, help="timed calls")
-    ap.add_argument("--time-budget", type=float, default=500.0, help="seconds; 0 = none")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    ap.add_argument("--resume", default=None, help="earlier results JSON: keep its finished cells, run the rest")
+    common.add_run_args(ap, RESULTS_NAME, budget=500.0, chart=False)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: 4x4x2, eager + solution, 2 + 2 calls")
     args = ap.parse_args(argv)
     if args.quick:
@@ -280,10 +277,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    budget = common.Budget(args.time_budget, PRIORS)
+    device, budget, env = common.start_run(args, PRIORS)
     t0 = budget.t0
-    env = common.env_info()
     common.log(f"sol076 exact rules on {env['device']}: torch {env['torch']}, triton {env['triton']}; "
                f"{len(args.workloads)} workloads x {len(args.impls)} impls x {len(args.precision)} precisions", t0)
     if device.type == "cuda":

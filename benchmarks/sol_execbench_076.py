@@ -346,16 +346,8 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell, for wall time and again for spans")
     ap.add_argument("--warmup", type=int, default=10, help="warm-up calls per cell, the first (compiling) one included")
     ap.add_argument("--input-sets", type=int, default=4, help="input sets the calls rotate over")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                    help="results directory (sol076.json, sol076_<precision>.png)")
-    ap.add_argument("--resume", default=None,
-                    help="earlier sol076.json: keep its finished cells, run only the rest, write the union to --out")
-    ap.add_argument("--time-budget", type=float, default=480.0,
-                    help="seconds; cells that would not finish in time are skipped (listed; use --resume). 0 = none")
-    ap.add_argument("--no-profile", dest="profile", action="store_false", help="skip the kernel-span pass")
+    common.add_run_args(ap, "sol076.json, sol076_<precision>.png", profile="the kernel-span pass")
     ap.add_argument("--no-flush", dest="flush", action="store_false", help="do not flush L2 before calls")
-    ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write PNG charts")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: workload 7x7x1, impls eager,inductor,samhq, 1 warm-up + 1 timed call")
     common.add_cell_args(ap, "precision/HxWxB/impl")
@@ -377,11 +369,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    budget = common.Budget(args.time_budget, PRIORS)
+    device, budget, env = common.start_run(args, PRIORS)
     t0 = budget.t0
-    args.gpus = common.usable_gpus(args.gpus, device, t0)
-    env = common.env_info()
     common.log(f"sol076 on {env['device']}: torch {env['torch']}, triton {env['triton']}; "
                f"{len(args.workloads)} workloads x {len(args.impls)} impls x {len(args.precision)} precisions; "
                f"budget {args.time_budget or 'none'} s; samhq backend registered: {common.samhq_available()}", t0)

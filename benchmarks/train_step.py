@@ -313,17 +313,9 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per cell")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps per cell, the first (compiling) one included")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
-                    help="results directory (train_step.json, train_step.png)")
-    ap.add_argument("--resume", default=None, help="earlier train_step.json: keep its finished cells, run the rest")
-    ap.add_argument("--time-budget", type=float, default=480.0,
-                    help="seconds; cells that would not finish in time are skipped (use --resume). 0 = none")
+    common.add_run_args(ap, "train_step.json, train_step.png", profile="the profiled step (GPU-busy and attention shares)")
     ap.add_argument("--optimizer", default="adamw-fused", choices=OPTIMIZERS,
                     help="the step's optimizer (default adamw-fused: torch.optim.AdamW(fused=True))")
-    ap.add_argument("--no-profile", dest="profile", action="store_false",
-                    help="skip the profiled step (GPU-busy and attention shares)")
-    ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write the PNG chart")
-    ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: tiny config, batch 1, tf32, eager-eager + samhq-eager, 1 warm-up + 1 step")
     common.add_cell_args(ap, "dtype/batch/impl")
@@ -347,12 +339,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     # the budget's estimates per impl and batch: a batch-4 compile takes about twice a batch-1 one
-    budget = common.Budget(args.time_budget, {f"{i}/{b}": prior_s(i, b) for i in args.impls for b in args.batch})
+    device, budget, env = common.start_run(args, {f"{i}/{b}": prior_s(i, b) for i in args.impls for b in args.batch})
     t0 = budget.t0
-    args.gpus = common.usable_gpus(args.gpus, device, t0)
-    env = common.env_info()
     common.log(f"train_step on {env['device']}: torch {env['torch']}, transformers {env['transformers']}; "
                f"impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
                f"samhq backend registered: {common.samhq_available()}", t0)
