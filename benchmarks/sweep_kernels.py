@@ -6,6 +6,8 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
 
     python benchmarks/sweep_kernels.py --bwd       # backward: split vs fused launch, dK/dV and dQ blocks; fwd blocks
     python benchmarks/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
+    python benchmarks/sweep_kernels.py --narrow-bf16 --narrow16  # bf16 on narrow grids; fp32 with 16-key tiles
+    python benchmarks/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
@@ -172,8 +174,11 @@ def print_bwd_tables(rows, shapes=SOL):
             print(f"  {mode:<10}{f'{side}x{side}x{batch}':<10}" + "".join(cells))
 
 
-# --narrow: fp32 block configs on the narrow 076 grids (Wk <= 32: several grid rows per key tile)
+# --narrow: block configs on the narrow grids (Wk <= 32: several grid rows per key tile unless BLOCK_N is the
+# padded row width). fp32 on the narrow 076 grids; --narrow-bf16 adds 16-key tiles (R = 1 on 14- and 16-wide
+# grids) and SAM-B's windowed layer (14x14 windows, 25 per image, batch 4: 100 x 12 heads)
 NARROW = [(7, 64), (14, 8), (32, 4), (48, 2)]
+NARROW_BF16 = [(7, 64), (14, 8), (14, 100), (16, 32), (32, 4), (48, 2)]
 _SELECT = [dict(BLOCK_M=64, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bn in (64, 128)]
 NARROW_CANDS = {
     "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
@@ -182,23 +187,53 @@ NARROW_CANDS = {
     "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
 }
+_SELECT16 = [dict(BLOCK_M=64, BLOCK_N=bn, num_warps=4, num_stages=4, RH_SELECT=True) for bn in (32, 64)]
+# fp32: 16-key tiles were not among session 4's candidates
+NARROW16 = [(7, 64), (14, 1), (14, 8), (16, 1), (16, 32)]
+NARROW16_CANDS = {
+    "fwd": [dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3), dict(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=3)],
+    "dkdv": [dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=3), dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3)],
+    "dq": [dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3), dict(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=2)],
+}
+NARROW_CANDS_BF16 = {
+    "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=4)
+            for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
+    "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (16, 32, 64)],
+    "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
+           for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
+}
 
 
-def sweep_narrow(results, mode="fp32-tf32"):
+def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS):
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
     rows = []
-    for side, batch in NARROW:
+    for side, batch in shapes:
         q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
-        for kern, lst in NARROW_CANDS.items():
+        for kern, lst in [("shipped", [{}])] + list(cands.items()):
             for c in lst:
-                with overrides({kern: c}):
+                with overrides({kern: c} if c else {}):
                     ms = time_call(K, q, k, v, rh, rw, do, "fwd" if kern == "fwd" else "bwd")
+                    if kern == "shipped":
+                        ms = (ms, time_call(K, q, k, v, rh, rw, do, "fwd"))
                 rows.append(dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
-                                 **({"ms": ms} if isinstance(ms, float) else {"error": ms})))
+                                 **({"ms": ms} if not isinstance(ms, str) else {"error": ms})))
                 print(rows[-1], flush=True)
-    results["sweep_narrow"] = rows
+    results[f"sweep_narrow_{mode}"] = rows
     return rows
+
+
+def print_narrow(rows):
+    """Per shape and kernel: shipped (bwd, fwd) ms and the best candidate."""
+    for r in rows:
+        if r["kernel"] == "shipped" and "ms" in r and not isinstance(r["ms"][0], str):
+            print(f"{r['mode']} {r['grid']}x{r['grid']}x{r['batch']}: shipped bwd {r['ms'][0]*1e3:.1f} us, fwd {r['ms'][1]*1e3:.1f} us")
+            for kern in ("fwd", "dkdv", "dq"):
+                cand = [x for x in rows if (x["grid"], x["batch"], x["kernel"]) == (r["grid"], r["batch"], kern)
+                        and isinstance(x.get("ms"), float)]
+                if cand:
+                    best = min(cand, key=lambda x: x["ms"])
+                    print(f"    best {kern:<5} {best['ms']*1e3:8.1f} us  {best['cfg']}")
 
 
 def sweep_switch(results, knob_name: str, mode: str, shapes=SOL):
@@ -255,15 +290,63 @@ def sweep_fwd_tma(results, shapes=TMA_SHAPES):
     return rows
 
 
+# --tables OLD: the config table of another revision (a configs.py file, e.g. `git show REV:kernels/configs.py`)
+# against this one, forward and backward, bf16 and fp32 "high", on SAM-B's global layer, its windows and every
+# 076 shape, in one process; plus the backward variants in VARIANTS under this table
+TABLE_SHAPES = [(64, 1), (14, 100)] + SOL
+VARIANTS = {"bf16": {"dq 4 stages": {"dq": dict(num_stages=4)}, "dkdv 32 queries": {"dkdv": dict(BLOCK_M=32)}}}
+
+
+def sweep_tables(results, old_path: str, shapes=TABLE_SHAPES):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("old_configs", old_path)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    rows = []
+    for mode in ("bf16", "fp32-tf32"):
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        for side, batch in shapes:
+            q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+            row = dict(mode=mode, grid=side, batch=batch)
+            new_table = K.configs.TABLE
+            for name, table in (("old", old.TABLE), ("new", new_table)):
+                K.configs.TABLE = table
+                try:
+                    for which in ("fwd", "bwd"):
+                        row[f"{name}_{which}"] = time_call(K, q, k, v, rh, rw, do, which)
+                finally:
+                    K.configs.TABLE = new_table
+            for name, o in VARIANTS.get(mode, {}).items():
+                with overrides(o):
+                    row[name] = time_call(K, q, k, v, rh, rw, do, "bwd")
+            print(row, flush=True)
+            rows.append(row)
+    results["sweep_tables"] = rows
+    if not WARM["only"]:
+        us = lambda x: f"{x * 1e3:9.1f}" if isinstance(x, float) else f"{'err':>9}"  # noqa: E731
+        print(f"\n{'mode':<10}{'shape':<10}{'old fwd':>9}{'new fwd':>9}{'old bwd':>9}{'new bwd':>9}  variants (bwd us)")
+        for r in rows:
+            var = "  ".join(f"{n}: {us(r[n]).strip()}" for n in VARIANTS.get(r["mode"], {}))
+            shape = f"{r['grid']}x{r['grid']}x{r['batch']}"
+            print(f"{r['mode']:<10}{shape:<10}{us(r['old_fwd'])}{us(r['new_fwd'])}"
+                  f"{us(r['old_bwd'])}{us(r['new_bwd'])}  {var}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--narrow", action="store_true")
+    ap.add_argument("--narrow-bf16", action="store_true", help="bf16 configs on narrow grids and SAM-B's windows")
+    ap.add_argument("--narrow16", action="store_true", help="fp32 with 16-key tiles on the 14- and 16-wide 076 grids")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
     ap.add_argument("--bwd-tma", action="store_true")
+    ap.add_argument("--tables", metavar="OLD_CONFIGS_PY", help="another revision's configs.py against this one")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
     ap.add_argument("--shard", default="0/1", help="i/n: with --warm-only, this process's share of the candidates")
@@ -275,6 +358,9 @@ def main():
     path = os.path.join(args.out, "sweep_kernels.json")
     baseline = load_module(args.baseline) if args.baseline else None
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
+                      (args.narrow_bf16, lambda: print_narrow(sweep_narrow(results, "bf16", NARROW_BF16, NARROW_CANDS_BF16))),
+                      (args.narrow16, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", NARROW16, NARROW16_CANDS))),
+                      (args.tables, lambda: sweep_tables(results, args.tables)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
