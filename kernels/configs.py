@@ -36,6 +36,22 @@ TABLE = [
      "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
     ("dq", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
+    # narrow grids (R > 1 grid rows per key tile): rel_h by R column loads and selects, not a per-element
+    # gather, which was most of the forward's time there; two grid rows per tile on 14- and 16-wide grids
+    ("fwd", dict(fp32=False), dict(RH_SELECT=True),
+     "bf16 fwd us gather -> selects: 7x7x64 22.1 -> 12.8, 28x28x4 151.5 -> 41.0, 32x32x8 381.1 -> 92.2 (session 9)"),
+    ("fwd", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
+     "bf16 fwd us, selects, BLOCK_N 64 -> 32: SAM-B windows 14x14x100 102.7 -> 92.2 (gather at 64: 275.8), "
+     "16x16x32 40.7 -> 37.7 (session 9)"),
+    ("dq", dict(fp32=False), dict(RH_SELECT=True),
+     "bf16 bwd us gather -> selects: 32x32x1 88.9 -> 67.9, 32x32x4 232.8 -> 180.6, 32x32x8 444.8 -> 341.7 (session 9)"),
+    ("dq", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
+     "bf16 bwd us gather at 64 -> selects at 32: 14x14x100 465.1 -> 432.1, 16x16x32 154.2 -> 133.7 (session 9)"),
+    # big problems (split launches): dK/dV steps over 32 queries at a time
+    ("dkdv", dict(fp32=False, min_wk=17, min_rows=40001), dict(BLOCK_M=32),
+     "bf16 bwd us dK/dV 64 -> 32 queries: 32x32x4 180.6 -> 167.5, 32x32x8 341.7 -> 318.8, 48x48x2 541.0 -> 488.6, "
+     "64x64x4 2307.6 -> 2256.4, SAM-B global 594.9 -> 587.6; a loss where launches are fused (48x48x1 +12%, "
+     "session 9)"),
     ("bwd", dict(fp32=False), dict(FUSED=False),
      "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; session 6)"),
     # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and
@@ -46,11 +62,20 @@ TABLE = [
     ("bwd", dict(fp32=False, max_rows=40000), dict(FUSED=True),
      "bf16 bwd us split -> fused: 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, "
      "56x56x1 473 -> 447; 32x32x1 84 -> 89 (a loss, session 6)"),
+    # ... but on narrow grids with many rows, once the forward and dQ use selects (rows above), split launches
+    # with a 4-stage dQ win
+    ("bwd", dict(fp32=False, max_wk=16, min_rows=40001), dict(FUSED=False),
+     "bf16 bwd us fused -> split with dQ at 4 stages: SAM-B windows 14x14x100 432.1 -> 412.5, 16x16x32 133.7 -> 132.0 "
+     "(session 9)"),
+    ("dq", dict(fp32=False, max_wk=16, min_rows=40001), dict(num_stages=4), "the split launch's dQ (row above)"),
     # ---- fp32 (TF32 dots), head dim <= 64, with the K-major operand copies ----------------------------
     # key tiles of one grid row on grids >= 32 wide (BLOCK_N 32): two rows per tile cost 3.4x in the
     # forward (365 vs 106 us at 32x32x4) and 1.4x in dQ, because of the rel_h gather (session 4)
     ("fwd", dict(fp32=True), dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, RH_SELECT=True),
      "fp32 high 48x48x2 fwd 262 us vs 293 at 128 x 64 / 8 warps; selects 1.87x at 32x32x8 (session 4)"),
+    ("fwd", dict(fp32=True, max_wk=16), dict(BLOCK_N=16),
+     "fp32 high fwd us BLOCK_N 32 -> 16: 7x7x64 39.7 -> 32.0, 14x14x8 46.0 -> 33.3, 16x16x32 115.6 -> 108.6, "
+     "14x14x1 19.9 -> 18.3; 16x16x1 17.0 -> 18.3 a loss (session 9)"),
     ("dkdv", dict(fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
      "fp32 high SAM-B global bwd 2.12 vs 2.36 ms with 64-query steps (session 2)"),
     ("dq", dict(fp32=True), dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
@@ -61,6 +86,10 @@ TABLE = [
     # key grids at most 8 wide (7x7 windows): dQ with 64-query blocks
     ("dq", dict(fp32=True, max_wk=8), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "fp32 high 7x7x64 bwd 145 vs 170 us (session 4 narrow sweep)"),
+    # 14- and 16-wide grids: one grid row per dQ key tile
+    ("dq", dict(fp32=True, min_wk=9, max_wk=16), dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3),
+     "fp32 high bwd us (dQ 128 x 32 / 8 warps -> 64 x 16 / 4): 14x14x8 141.7 -> 126.0, 16x16x32 528.5 -> 467.7 "
+     "(session 9; 'highest' not timed)"),
     # 1-pass TF32 leaves the shared memory for one more stage (3-pass "highest" does not: 256 KB for its
     # dQ at 3 stages on 64-wide grids, 227 KB available)
     ("dkdv", dict(prec="tf32"), dict(num_stages=4),
