@@ -8,6 +8,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
     python benchmarks/sweep_kernels.py --narrow-bf16 --narrow16  # bf16 on narrow grids; fp32 with 16-key tiles
     python benchmarks/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
+    python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
@@ -207,7 +208,22 @@ NARROW_CANDS_BF16 = {
 }
 
 
-def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS):
+# --fp32-occupancy: fp32 "high" dK/dV and dQ configs that fit more warps per SM on the wide grids. Since the
+# K-major copies (session 4) the shipped dK/dV (32 queries, 4 warps, 4 stages) needs 185 KB of shared memory
+# and dQ (128 x 32, 8 warps, 3 stages) 208 KB: one CTA per SM, 4 or 8 warps (offline, sm_90a, Triton 3.6).
+# At 2 stages dK/dV needs 104 KB and 174 registers: two CTAs per SM. 128-key dK/dV tiles (two grid rows, selects)
+# at 8 warps, 2 stages: 145 KB, 176 registers, one CTA of two warp groups with 128-row MMAs. dQ stays at one CTA
+# (254 registers). In the 076 entry at 64x64x4, fp32 dK/dV is 4792 us against dQ's 1540 for 4 MMAs against 3.
+OCC_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8)]
+OCC_CANDS = {
+    "dkdv": [dict(BLOCK_M=32, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=8, num_stages=3),
+             dict(BLOCK_M=64, num_warps=8, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=3),
+             dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=2, RH_SELECT=True)],
+    "dq": [dict(BLOCK_M=128, num_warps=8, num_stages=2), dict(BLOCK_M=64, num_warps=8, num_stages=2)],
+}
+
+
+def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None):
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
     rows = []
@@ -222,7 +238,7 @@ def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS):
                 rows.append(dict(mode=mode, grid=side, batch=batch, kernel=kern, cfg=c,
                                  **({"ms": ms} if not isinstance(ms, str) else {"error": ms})))
                 print(rows[-1], flush=True)
-    results[f"sweep_narrow_{mode}"] = rows
+    results[key or f"sweep_narrow_{mode}"] = rows
     return rows
 
 
@@ -345,6 +361,7 @@ def main():
     ap.add_argument("--narrow", action="store_true")
     ap.add_argument("--narrow-bf16", action="store_true", help="bf16 configs on narrow grids and SAM-B's windows")
     ap.add_argument("--narrow16", action="store_true", help="fp32 with 16-key tiles on the 14- and 16-wide 076 grids")
+    ap.add_argument("--fp32-occupancy", action="store_true", help="fp32 dK/dV and dQ configs with more warps per SM")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
@@ -363,6 +380,8 @@ def main():
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
                       (args.narrow_bf16, lambda: print_narrow(sweep_narrow(results, "bf16", NARROW_BF16, NARROW_CANDS_BF16))),
                       (args.narrow16, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", NARROW16, NARROW16_CANDS))),
+                      (args.fp32_occupancy, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", OCC_SHAPES, OCC_CANDS,
+                                                                              "sweep_fp32_occupancy"))),
                       (args.tables, lambda: sweep_tables(results, args.tables)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
