@@ -19,7 +19,9 @@ in forward_tma. The key-side boxes are built in the kernel, 2-D, keys first (the
 delta (= rowsum(dout * out)) comes from outside: backward()'s dQ launch writes it in the split schedule,
 or one torch reduction when dq_tma replaces that launch.
 The op uses them only under rel_pos_attention.DQ_TMA / DKDV_TMA (off); benchmarks/sweep_kernels.py --bwd-tma
-times the backward with each and both on the H200.
+times the backward with each and both on the H200. Measured there (session 9, Triton 3.6, bf16): dQ slower on
+every shape (SAM-B global backward 672 against 601 us) and non-finite with WS on 16-wide grids; dK/dV 5% faster
+on 64-wide grids (570 against 601 us), slower on narrower ones. benchmarks/NOTES.md, session 9.
 
 dK/dV takes: 16-bit dtypes, D and Dv powers of two in 16..128, Wk in (16, 32, 64), Hk a multiple of
 128 / Wk, Nq a multiple of 8. dQ takes forward_tma's shapes.

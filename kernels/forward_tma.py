@@ -14,7 +14,9 @@ the kernel's comments: reading the TTGIR offline found two wrong splits (batch i
 copies into half-block buffers) and two compiler aborts, each avoided by the spelling here.
 
 The op uses it only under rel_pos_attention.FWD_TMA (off); benchmarks/sweep_kernels.py --fwd-tma times it
-against forward.py on the H200.
+against forward.py on the H200. Measured there (session 9, Triton 3.6): slower than forward.py on every shape
+(SAM-B global bf16 221.7 us with WS, 210.3 without, 152.9 shipped), and non-finite with WS on 16-wide grids.
+Kept to re-time on later Tritons (one command); benchmarks/NOTES.md, session 9.
 
 Takes: key tiles of one whole grid row (Wk <= 128 keys, padded to a power of two by TMA's zero fill),
 16-bit dtypes, D and Dv powers of two in 16..128, Hk and Wk multiples of 8 (16-byte TMA rows).

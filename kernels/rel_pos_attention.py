@@ -14,7 +14,8 @@ row width padded to a power of two WK_PAD (BLOCK_N = R * WK_PAD; padded columns 
   * the rel_w part of the bias, rel_w[i, n % WK_PAD], is the same for every key tile: it is loaded
     once per query block, before the key loop;
   * the rel_h part is rel_h[i, kh0] for the whole tile when R == 1 (grids at least 64 wide: one
-    [BLOCK_M] vector load per tile), or a small gather from L1 when R > 1 (narrow grids);
+    [BLOCK_M] vector load per tile), or R such vectors placed by selects when R > 1 (narrow grids; a
+    per-element gather there cost the forward 3x, configs.py);
   * in the backward, d_rel_w[i, :] is the plain elementwise sum of the dS tiles (R == 1) and
     d_rel_h[i, kh0] is one row-sum of the tile, both owned by the program that owns query row i.
 The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys masked).
@@ -70,7 +71,8 @@ _POISON_OUTPUTS = False
 # Experiments, off by default: the TMA / warp-specialized Hopper forward (forward_tma.py), dQ and dK/dV
 # (backward_tma.py) in place of forward.py's kernel and the split backward's two launches, where they
 # take the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
-# functions build TMA descriptors, which the triton_op path's traced host function cannot.
+# functions build TMA descriptors, which the triton_op path's traced host function cannot. Timed on the H200
+# (session 9): slower than the shipped kernels except dK/dV on 64-wide grids (-5%); benchmarks/NOTES.md.
 FWD_TMA = False
 DQ_TMA = False
 DKDV_TMA = False
