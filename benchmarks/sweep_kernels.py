@@ -202,7 +202,10 @@ NARROW_CANDS_BF16 = {
             for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
     # dK/dV's rel_h by selects: not timed in session 9, where selects won 3x in the forward
     "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (16, 32, 64)]
-    + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bm in (32, 64) for bn in (32, 64)],
+    + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bm in (32, 64) for bn in (32, 64)]
+    # the bias copies with queries contiguous on grids <= 16 wide too (session 5 left them off there, measured on
+    # small problems where the copy is launch cost; SAM's windows at batch 4 are not small)
+    + [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, RH_SELECT=sel, _bias_copies_min_wk=1) for sel in (False, True)],
     "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
            for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
 }
@@ -231,7 +234,10 @@ def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, k
         q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
         for kern, lst in [("shipped", [{}])] + list(cands.items()):
             for c in lst:
-                with overrides({kern: c} if c else {}):
+                # "_bias_copies_min_wk": BIAS_COPIES_16BIT_MIN_WK for this candidate (a module knob, not a config key)
+                cfg = {key_: val for key_, val in c.items() if not key_.startswith("_")}
+                min_wk = c.get("_bias_copies_min_wk", K.BIAS_COPIES_16BIT_MIN_WK)
+                with overrides({kern: cfg} if cfg else {}), knob("BIAS_COPIES_16BIT_MIN_WK", min_wk):
                     ms = time_call(K, q, k, v, rh, rw, do, "fwd" if kern == "fwd" else "bwd")
                     if kern == "shipped":
                         ms = (ms, time_call(K, q, k, v, rh, rw, do, "fwd"))
