@@ -345,3 +345,49 @@ def test_sol076_exact_quick(tmp_path, capsys):
     # resuming from that file runs nothing and keeps the rows
     p2 = exact.main(["--quick", "--out", str(tmp_path / "again"), "--resume", str(tmp_path / exact.RESULTS_NAME)])
     assert p2["results"] == p["results"]
+
+
+# ------------------------------------------------------------------------------- sweep_kernels bookkeeping
+# The sweeps time on the GPU only; their bookkeeping (which config and knob each call ran under, and that
+# both are restored) is checked here with a fake timer, so a slip costs CI time, not device time.
+def _fake_sweep(monkeypatch):
+    import sweep_kernels as S
+
+    seen = []
+
+    def fake_time_call(kernels, q, k, v, rh, rw, do, which):
+        seen.append(dict(which=which, overrides=dict(S.K.configs.OVERRIDES), table=S.K.configs.TABLE,
+                         min_wk=S.K.BIAS_COPIES_16BIT_MIN_WK))
+        return 1e-3 * len(seen)
+
+    monkeypatch.setattr(S, "time_call", fake_time_call)
+    monkeypatch.setattr(S, "make", lambda n, side, dtype: (None,) * 6)
+    return S, seen
+
+
+def test_sweep_narrow_runs_each_candidate_under_its_config_and_knob(monkeypatch):
+    S, seen = _fake_sweep(monkeypatch)
+    min_wk, shapes = S.K.BIAS_COPIES_16BIT_MIN_WK, S.NARROW_BF16[:1]
+    rows = S.sweep_narrow({}, "bf16", shapes, S.NARROW_CANDS_BF16)
+    n_cands = sum(map(len, S.NARROW_CANDS_BF16.values()))
+    assert len(rows) == 1 + n_cands and len(seen) == 2 + n_cands  # shipped times bwd and fwd
+    assert rows[0]["kernel"] == "shipped" and seen[0]["overrides"] == {} and seen[0]["min_wk"] == min_wk
+    for row, call in zip(rows[1:], seen[2:]):
+        cfg = {k: v for k, v in row["cfg"].items() if not k.startswith("_")}
+        assert call["overrides"] == {row["kernel"]: cfg}
+        assert call["which"] == ("fwd" if row["kernel"] == "fwd" else "bwd")
+        assert call["min_wk"] == row["cfg"].get("_bias_copies_min_wk", min_wk)
+    assert any(c["min_wk"] == 1 for c in seen)  # the bias-copy candidates did lower the threshold
+    assert S.K.configs.OVERRIDES == {} and S.K.BIAS_COPIES_16BIT_MIN_WK == min_wk  # both restored
+
+
+def test_sweep_tables_times_the_old_table_then_restores_the_new(monkeypatch, tmp_path):
+    S, seen = _fake_sweep(monkeypatch)
+    new = S.K.configs.TABLE
+    old_file = tmp_path / "old_configs.py"
+    old_file.write_text("TABLE = [('fwd', {}, {'BLOCK_M': 16}, 'old')]\n")
+    rows = S.sweep_tables({}, str(old_file), shapes=[(7, 1)])
+    assert len(rows) == 2  # bf16 and fp32 "high"
+    assert [c["table"] is new for c in seen[:4]] == [False, False, True, True]  # old fwd, bwd; new fwd, bwd
+    assert {"old_fwd", "old_bwd", "new_fwd", "new_bwd"} <= set(rows[0]) and set(S.VARIANTS["bf16"]) <= set(rows[0])
+    assert S.K.configs.TABLE is new
