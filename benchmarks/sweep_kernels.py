@@ -205,7 +205,7 @@ NARROW_CANDS_BF16 = {
     + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bm in (32, 64) for bn in (32, 64)]
     # the bias copies with queries contiguous on grids <= 16 wide too (session 5 left them off there, measured on
     # small problems where the copy is launch cost; SAM's windows at batch 4 are not small)
-    + [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, RH_SELECT=sel, _bias_copies_min_wk=1) for sel in (False, True)],
+    + [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, RH_SELECT=sel, BIAS_T=True) for sel in (False, True)],
     "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
            for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
 }
@@ -234,10 +234,7 @@ def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, k
         q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
         for kern, lst in [("shipped", [{}])] + list(cands.items()):
             for c in lst:
-                # "_bias_copies_min_wk": BIAS_COPIES_16BIT_MIN_WK for this candidate (a module knob, not a config key)
-                cfg = {key_: val for key_, val in c.items() if not key_.startswith("_")}
-                min_wk = c.get("_bias_copies_min_wk", K.BIAS_COPIES_16BIT_MIN_WK)
-                with overrides({kern: cfg} if cfg else {}), knob("BIAS_COPIES_16BIT_MIN_WK", min_wk):
+                with overrides({kern: c} if c else {}):
                     ms = time_call(K, q, k, v, rh, rw, do, "fwd" if kern == "fwd" else "bwd")
                     if kern == "shipped":
                         ms = (ms, time_call(K, q, k, v, rh, rw, do, "fwd"))
@@ -251,7 +248,7 @@ def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, k
 def print_narrow(rows):
     """Per shape and kernel: shipped (bwd, fwd) ms and the best candidate."""
     for r in rows:
-        if r["kernel"] == "shipped" and "ms" in r and not isinstance(r["ms"][0], str):
+        if r["kernel"] == "shipped" and "ms" in r and not any(isinstance(x, str) for x in r["ms"]):
             print(f"{r['mode']} {r['grid']}x{r['grid']}x{r['batch']}: shipped bwd {r['ms'][0]*1e3:.1f} us, fwd {r['ms'][1]*1e3:.1f} us")
             for kern in ("fwd", "dkdv", "dq"):
                 cand = [x for x in rows if (x["grid"], x["batch"], x["kernel"]) == (r["grid"], r["batch"], kern)

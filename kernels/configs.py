@@ -16,9 +16,11 @@ Then `OVERRIDES` (tests and benchmark sweeps set it; empty in production) update
 
 Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
-loads + selects instead of a tile gather, R > 1 only). The "bwd" rows say how the backward is launched:
-FUSED (dK/dV and dQ programs in one launch, each computing delta itself) or split (dQ first, writing
-delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on num_warps and num_stages.
+loads + selects instead of a tile gather, R > 1 only), and for dK/dV with 16-bit inputs BIAS_T (rel_h and
+rel_w copied with queries contiguous before the launch; fp32 gets them anyway, with its K-major copies).
+The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in one launch, each computing
+delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
+num_warps and num_stages.
 
 Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/NOTES.md).
 """
@@ -47,6 +49,11 @@ TABLE = [
      "bf16 bwd us gather -> selects: 32x32x1 88.9 -> 67.9, 32x32x4 232.8 -> 180.6, 32x32x8 444.8 -> 341.7 (session 9)"),
     ("dq", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
      "bf16 bwd us gather at 64 -> selects at 32: 14x14x100 465.1 -> 432.1, 16x16x32 154.2 -> 133.7 (session 9)"),
+    # dK/dV reads the bias as [keys, queries] tiles, against its memory order: a copy with queries contiguous
+    # pays where it is more than launch cost
+    ("dkdv", dict(fp32=False, min_wk=17), dict(BIAS_T=True),
+     "bf16 bwd with copies 1.27x at 64x64x4, 1.56x at 56x56x1, 1.10x at 32x32x8; 5-7% slower at 14x14 and 16x16x1 "
+     "(session 5)"),
     # big problems (split launches): dK/dV steps over 32 queries at a time
     ("dkdv", dict(fp32=False, min_wk=17, min_rows=40001), dict(BLOCK_M=32),
      "bf16 bwd us dK/dV 64 -> 32 queries: 32x32x4 180.6 -> 167.5, 32x32x8 341.7 -> 318.8, 48x48x2 541.0 -> 488.6, "
@@ -115,6 +122,7 @@ TABLE = [
      "validated on the H200 for D=80 (session 2)"),
     ("dkdv", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "validated on the H200 for D=80 (session 2)"),
+    ("dkdv", dict(wide=True, fp32=False, min_wk=17), dict(BIAS_T=True), "as for head dims <= 64 (session 5)"),
     ("dq", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "validated on the H200 for D=80 (session 2)"),
     ("fwd", dict(wide=True, fp32=True), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, RH_SELECT=False),

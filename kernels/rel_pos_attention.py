@@ -115,11 +115,9 @@ _tile, _pad = configs.tile, configs.pad
 KMAJOR_FP32 = True
 # The dK/dV kernel reads rel_h / rel_w as [keys, queries] tiles, against their memory order, in every dtype
 # (bf16 PTX: 2- and 4-byte loads). With K-major fp32 it gets copies with queries contiguous; 16-bit inputs
-# get them from key grids wider than 16: bf16 backward on the H200 1.27x at 64x64x4, 1.56x at 56x56x1,
-# 1.10x at 32x32x8, but 5-7% slower at 14x14 and 16x16x1, where the copy is mostly launch cost
-# (bench_attention_core.py --sweep-bias16; benchmarks/NOTES.md, session 5).
+# get them where the config table's dK/dV row says BIAS_T (wide grids, and narrow ones with many rows: where
+# the copy is more than launch cost; configs.py). A switch so benchmarks can compare.
 BIAS_COPIES_16BIT = True
-BIAS_COPIES_16BIT_MIN_WK = 17
 
 
 def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
@@ -264,7 +262,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     kmajor = _kmajor(q.dtype, wk, max(d_pad, dv_pad))
     # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
     # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged
-    bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and wk >= BIAS_COPIES_16BIT_MIN_WK)
+    bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and cfg_kv.get("BIAS_T", False))
 
     def kv_copies():  # dK/dV's operands: (qT, doT, rel_h^T, rel_w^T); the originals where unused
         bm = cfg_kv["BLOCK_M"]

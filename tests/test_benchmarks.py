@@ -356,8 +356,7 @@ def _fake_sweep(monkeypatch):
     seen = []
 
     def fake_time_call(kernels, q, k, v, rh, rw, do, which):
-        seen.append(dict(which=which, overrides=dict(S.K.configs.OVERRIDES), table=S.K.configs.TABLE,
-                         min_wk=S.K.BIAS_COPIES_16BIT_MIN_WK))
+        seen.append(dict(which=which, overrides=dict(S.K.configs.OVERRIDES), table=S.K.configs.TABLE))
         return 1e-3 * len(seen)
 
     monkeypatch.setattr(S, "time_call", fake_time_call)
@@ -365,20 +364,18 @@ def _fake_sweep(monkeypatch):
     return S, seen
 
 
-def test_sweep_narrow_runs_each_candidate_under_its_config_and_knob(monkeypatch):
+def test_sweep_narrow_runs_each_candidate_under_its_config(monkeypatch):
     S, seen = _fake_sweep(monkeypatch)
-    min_wk, shapes = S.K.BIAS_COPIES_16BIT_MIN_WK, S.NARROW_BF16[:1]
+    shapes = S.NARROW_BF16[:1]
     rows = S.sweep_narrow({}, "bf16", shapes, S.NARROW_CANDS_BF16)
     n_cands = sum(map(len, S.NARROW_CANDS_BF16.values()))
     assert len(rows) == 1 + n_cands and len(seen) == 2 + n_cands  # shipped times bwd and fwd
-    assert rows[0]["kernel"] == "shipped" and seen[0]["overrides"] == {} and seen[0]["min_wk"] == min_wk
+    assert rows[0]["kernel"] == "shipped" and seen[0]["overrides"] == {}
     for row, call in zip(rows[1:], seen[2:]):
-        cfg = {k: v for k, v in row["cfg"].items() if not k.startswith("_")}
-        assert call["overrides"] == {row["kernel"]: cfg}
+        assert call["overrides"] == {row["kernel"]: row["cfg"]}
         assert call["which"] == ("fwd" if row["kernel"] == "fwd" else "bwd")
-        assert call["min_wk"] == row["cfg"].get("_bias_copies_min_wk", min_wk)
-    assert any(c["min_wk"] == 1 for c in seen)  # the bias-copy candidates did lower the threshold
-    assert S.K.configs.OVERRIDES == {} and S.K.BIAS_COPIES_16BIT_MIN_WK == min_wk  # both restored
+    assert any(c["overrides"].get("dkdv", {}).get("BIAS_T") for c in seen)  # the bias-copy candidates ran with it
+    assert S.K.configs.OVERRIDES == {}  # restored
 
 
 def test_sweep_tables_times_the_old_table_then_restores_the_new(monkeypatch, tmp_path):

@@ -201,12 +201,16 @@ def test_kmajor_operand_copies(hk, wk, layout, mode, monkeypatch, matmul_precisi
 
 
 def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
-    # dK/dV's transposed rel_h / rel_w copies with bf16 inputs: on by default from 17-wide grids (a 2x20
-    # grid), and forced on for a 5x12 grid, whose padded query blocks and rows differ
+    # dK/dV's transposed rel_h / rel_w copies with bf16 inputs (BIAS_T): on a 2x20 grid and a 5x12 grid, whose
+    # padded query blocks and rows differ. The GPU table turns them on per shape class (checked below)
     dtype, prec, tol = MODES["bf16"]
-    assert K.BIAS_COPIES_16BIT and K.BIAS_COPIES_16BIT_MIN_WK <= 20
+    assert K.BIAS_COPIES_16BIT
+    facts = dict(fp32=False, prec="none", wide=False, interpret=False)
+    assert K.configs.config("dkdv", wk=20, rows=10, **facts).get("BIAS_T")
+    assert not K.configs.config("dkdv", wk=14, rows=12 * 196, **facts).get("BIAS_T")  # small: launch cost
+    assert not K.configs.config("dkdv", wk=7, rows=64 * 12 * 49, **facts).get("BIAS_T")
+    monkeypatch.setattr(K.configs, "OVERRIDES", {"dkdv": dict(BIAS_T=True)})
     run_and_check(*make_inputs(1, 40, 2, 20, 32, 32, dtype, seed=9), tol)
-    monkeypatch.setattr(K, "BIAS_COPIES_16BIT_MIN_WK", 1)
     run_and_check(*make_inputs(2, 60, 5, 12, 64, 64, dtype, seed=8), tol)
 
 
