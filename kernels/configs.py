@@ -54,11 +54,17 @@ TABLE = [
     ("dkdv", dict(fp32=False, min_wk=17), dict(BIAS_T=True),
      "bf16 bwd with copies 1.27x at 64x64x4, 1.56x at 56x56x1, 1.10x at 32x32x8; 5-7% slower at 14x14 and 16x16x1 "
      "(session 5)"),
+    ("dkdv", dict(fp32=False, min_wk=9, max_wk=16, min_rows=40001), dict(BIAS_T=True),
+     "bf16 bwd us without -> with copies: SAM-B windows 14x14x100 414.5 -> 354.8, 16x16x32 132.3 -> 126.4; "
+     "7x7x64 38.3 -> 44.9 a loss (session 10)"),
     # big problems (split launches): dK/dV steps over 32 queries at a time
     ("dkdv", dict(fp32=False, min_wk=17, min_rows=40001), dict(BLOCK_M=32),
      "bf16 bwd us dK/dV 64 -> 32 queries: 32x32x4 180.6 -> 167.5, 32x32x8 341.7 -> 318.8, 48x48x2 541.0 -> 488.6, "
      "64x64x4 2307.6 -> 2256.4, SAM-B global 594.9 -> 587.6; a loss where launches are fused (48x48x1 +12%, "
      "session 9)"),
+    ("dkdv", dict(fp32=False, min_wk=9, max_wk=16, min_rows=40001), dict(BLOCK_M=32),
+     "bf16 bwd us, with the bias copies, 64 -> 32 queries: SAM-B windows 14x14x100 354.6 -> 303.6, "
+     "16x16x32 126.1 -> 118.8 (session 10)"),
     ("bwd", dict(fp32=False), dict(FUSED=False),
      "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; session 6)"),
     # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and

@@ -207,6 +207,7 @@ def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
     assert K.BIAS_COPIES_16BIT
     facts = dict(fp32=False, prec="none", wide=False, interpret=False)
     assert K.configs.config("dkdv", wk=20, rows=10, **facts).get("BIAS_T")
+    assert K.configs.config("dkdv", wk=14, rows=100 * 12 * 196, **facts).get("BIAS_T")  # SAM's windows, batch 4
     assert not K.configs.config("dkdv", wk=14, rows=12 * 196, **facts).get("BIAS_T")  # small: launch cost
     assert not K.configs.config("dkdv", wk=7, rows=64 * 12 * 49, **facts).get("BIAS_T")
     monkeypatch.setattr(K.configs, "OVERRIDES", {"dkdv": dict(BIAS_T=True)})
