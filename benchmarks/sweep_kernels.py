@@ -225,6 +225,17 @@ OCC_CANDS = {
     "dq": [dict(BLOCK_M=128, num_warps=8, num_stages=2), dict(BLOCK_M=64, num_warps=8, num_stages=2)],
 }
 
+# --fp32-small-steps: after the 2-stage dK/dV (session 10: two CTAs per SM), 16-query dK/dV steps fit more
+# (offline, sm_90a, Triton 3.6, 64-wide grid): "high" at 2 stages 152 registers and 70 KB (3 CTAs), at 3
+# stages 157 and 90 KB (2); "highest" (3-pass TF32) at 2 stages 242 registers and 94 KB (2 CTAs, against
+# the shipped 32-query 3-stage 246 and 165 KB: one). fp32 dQ has no config with two CTAs and wgmma (32-query
+# blocks drop to mma.sync), so it is not swept here.
+SMALL_STEP_SHAPES = [(64, 1), (64, 4), (32, 8), (16, 32)]
+SMALL_STEP_CANDS = {
+    "fp32-tf32": {"dkdv": [dict(BLOCK_M=16, num_warps=4, num_stages=2), dict(BLOCK_M=16, num_warps=4, num_stages=3)]},
+    "fp32-highest": {"dkdv": [dict(BLOCK_M=16, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=2)]},
+}
+
 
 def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None):
     dtype, prec = MODES[mode]
@@ -365,6 +376,7 @@ def main():
     ap.add_argument("--narrow-bf16", action="store_true", help="bf16 configs on narrow grids and SAM-B's windows")
     ap.add_argument("--narrow16", action="store_true", help="fp32 with 16-key tiles on the 14- and 16-wide 076 grids")
     ap.add_argument("--fp32-occupancy", action="store_true", help="fp32 dK/dV and dQ configs with more warps per SM")
+    ap.add_argument("--fp32-small-steps", action="store_true", help="fp32 dK/dV with 16-query steps, 'high' and 'highest'")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
@@ -385,6 +397,9 @@ def main():
                       (args.narrow16, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", NARROW16, NARROW16_CANDS))),
                       (args.fp32_occupancy, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", OCC_SHAPES, OCC_CANDS,
                                                                               "sweep_fp32_occupancy"))),
+                      (args.fp32_small_steps, lambda: [print_narrow(sweep_narrow(results, mode, SMALL_STEP_SHAPES, cands,
+                                                                                 f"sweep_small_steps_{mode}"))
+                                                       for mode, cands in SMALL_STEP_CANDS.items()]),
                       (args.tables, lambda: sweep_tables(results, args.tables)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
