@@ -23,8 +23,8 @@ The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys mas
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
 tiles.py (shared pieces), forward.py and backward.py, the block configs in configs.py (one table, each
 row with the measurement behind it). forward_tma.py and backward_tma.py are experiments beside them (TMA,
-warp-specialized Hopper forward, dQ and dK/dV), launched from here only under the FWD_TMA / DQ_TMA /
-DKDV_TMA switches.
+warp-specialized Hopper forward, dQ and dK/dV), and forward_gluon.py (a Gluon forward with softmax / MMA overlap
+written out), launched from here only under the FWD_TMA / DQ_TMA / DKDV_TMA / FWD_GLUON switches.
   _fwd_kernel   grid (query blocks, B)   online softmax over key tiles -> out, lse
   _bwd_kernel   PART "dq"   grid (query blocks, B)  owns a query block, loops over key tiles
                             -> dq, d_rel_h, d_rel_w, and delta[i] = <dout[i], out[i]> for dK/dV
@@ -73,7 +73,9 @@ _POISON_OUTPUTS = False
 # take the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
 # functions build TMA descriptors, which the triton_op path's traced host function cannot. Timed on the H200
 # (session 9): slower than the shipped kernels except dK/dV on 64-wide grids (-5%); benchmarks/NOTES.md.
+# FWD_GLUON: the Gluon forward (forward_gluon.py), timed in session 10: as fast as forward.py, not faster.
 FWD_TMA = False
+FWD_GLUON = False
 DQ_TMA = False
 DKDV_TMA = False
 
@@ -200,6 +202,11 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
 
     Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
     """
+    if FWD_GLUON:
+        from . import forward_gluon
+
+        if forward_gluon.unsupported_reason(q, k, v, rel_h, rel_w) is None:
+            return forward_gluon.forward_gluon(q, k, v, rel_h, rel_w, scale)
     if FWD_TMA:
         from . import forward_tma
 

@@ -32,3 +32,9 @@ def test_kernels_compile_for_sm90_with_inductor_argument_types():
 def test_tma_experiments_compile_and_split_for_sm90():
     out = run_check("tma_compile_check.py")
     assert out.count("ok ") == 6, out
+
+
+def test_gluon_forward_compiles_with_its_overlap_for_sm90():
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    out = run_check("gluon_compile_check.py")
+    assert out.count("ok ") == 2, out

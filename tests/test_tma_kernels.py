@@ -1,5 +1,6 @@
 """The TMA + warp-specialized Hopper experiments, kernels/forward_tma.py and backward_tma.py (dK/dV), against
-the float64 oracle, alone and switched into the op's host functions (rel_pos_attention.FWD_TMA / DKDV_TMA).
+the float64 oracle, alone and switched into the op's host functions (rel_pos_attention.FWD_TMA / DKDV_TMA);
+and the Gluon forward (kernels/forward_gluon.py, FWD_GLUON), GPU only (Gluon has no interpreter).
 
 On CPU (CI) under TRITON_INTERPRET=1, where descriptors are emulated and `warp_specialize` is ignored, so
 these check the kernels' arithmetic and their TMA boxes (zero-filled padded key columns, query rows past
@@ -194,3 +195,49 @@ def test_gpu_dq_matches_float64(b, side, ws):
     if ws and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("warp specialization of this kernel is for sm_90")
     check_dq(b, side * side, side, side, 64, torch.bfloat16, ws=ws)
+
+
+# ---- the Gluon forward (forward_gluon.py): no CPU interpreter, so only its input checks run in CI
+def test_gluon_forward_unsupported_reason_names_the_shape():
+    G = pytest.importorskip("samhq_fx.kernels.forward_gluon")
+    x = lambda *s, dt=torch.bfloat16: torch.zeros(*s, dtype=dt)  # noqa: E731
+    ok = (x(1, 128, 64), x(1, 128, 64), x(1, 128, 64), x(1, 128, 2), x(1, 128, 64))
+    assert "fp16 / bf16" in G.unsupported_reason(*(t.float() for t in ok[:3]), *ok[3:])
+    assert "head dim" in G.unsupported_reason(x(1, 128, 32), x(1, 128, 32), x(1, 128, 32), *ok[3:])
+    assert "64 wide" in G.unsupported_reason(*ok[:3], x(1, 128, 4), x(1, 128, 32))
+    assert "multiple" in G.unsupported_reason(x(1, 100, 64), *ok[1:3], x(1, 100, 2), x(1, 100, 64))
+    assert "contiguous" in G.unsupported_reason(x(1, 64, 128).transpose(1, 2), *ok[1:])
+    assert "Hopper" in G.unsupported_reason(*ok)  # CPU tensors
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("b,hk", [(12, 64), (2, 7), (48, 64)])
+def test_gpu_gluon_forward_matches_float64_and_forward(b, hk):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward is for sm_90")
+    from samhq_fx.kernels import forward_gluon as G
+
+    q, k, v, rel_h, rel_w, _ = make_inputs(b, hk * 64, hk, 64, 64, 64, torch.bfloat16, seed=b + hk)
+    assert G.unsupported_reason(q, k, v, rel_h, rel_w) is None
+    out, lse = G.forward_gluon(q, k, v, rel_h, rel_w, 0.125)
+    out64, lse64 = reference.forward(*(t.double() for t in (q, k, v, rel_h, rel_w)), 0.125)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "unwritten or non-finite output"
+    assert rel_err(out, out64) < TOL[torch.bfloat16] and rel_err(lse, lse64) < 1e-4
+    ref_out, ref_lse = K.forward(q, k, v, rel_h, rel_w, 0.125)
+    assert (lse - ref_lse).abs().max() < 1e-3 and rel_err(out, ref_out) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+def test_gpu_gluon_switched_into_the_op(monkeypatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon forward is for sm_90")
+    from samhq_fx.kernels import forward_gluon as G
+
+    calls, fn = [], G.forward_gluon
+    monkeypatch.setattr(G, "forward_gluon", lambda *a, **kw: calls.append(1) or fn(*a, **kw))
+    monkeypatch.setattr(K, "FWD_GLUON", True)
+    q, k, v, rel_h, rel_w, dout = make_inputs(12, 4096, 64, 64, 64, 64, torch.bfloat16, seed=5)
+    run_and_check(q.contiguous(), k, v, rel_h, rel_w, dout, 2e-2)
+    assert calls == [1]
