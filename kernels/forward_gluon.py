@@ -20,15 +20,15 @@ q / k / v contiguous. No masks are needed inside that scope. Not usable from the
 TensorDescriptors), like the TMA experiments. There is no CPU interpreter for Gluon: CI compiles it for sm_90
 (tests/gluon_compile_check.py), the GPU tests run it (tests/test_tma_kernels.py).
 
-Measured (session 10, H200, triton 3.6, bf16, CUDA-graph replay): correct (out and lse bit-identical to
-forward.py's on the SAM-B global layer and a 7x64 grid; the same error against float64), and no faster: SAM-B
-global 153.3 us against 152.4 at 64 rows / 4 warps / 3 stages (165.5 at 2 stages; 189-268 at 128 rows / 8 warps),
-64x64x4 603.8 against 598.9. The PTX has the schedule above, but ptxas does not keep it: in the SASS the wait
-for the P V MMA (WARPGROUP.DEPBAR.LE gsb0, 0x0) lands before the exponentials, whose results ptxas places in the
-registers that the in-flight MMA reads as its A operand (Triton's wait `deps` are a PTX comment, not liveness).
-So it runs tl's schedule. Moving the TMA refill (and its CTA barrier) to the top of the step did not change
-that (offline SASS), nor did ptxas 12.9. Next: a P written to shared memory for an SS-MMA, or two warpgroups in
-ping-pong, so that no register operand is in flight.
+Measured (session 10, H200, triton 3.6, bf16, CUDA-graph replay), with P in registers (P_SMEM False): correct
+(out and lse bit-identical to forward.py's on the SAM-B global layer and a 7x64 grid; the same error against
+float64), and no faster: SAM-B global 153.3 us against 152.4 at 64 rows / 4 warps / 3 stages (165.5 at 2
+stages; 189-268 at 128 rows / 8 warps), 64x64x4 603.8 against 598.9. The PTX has the schedule above, but ptxas
+does not keep it: in the SASS the wait for the P V MMA (WARPGROUP.DEPBAR.LE gsb0, 0x0) lands before the
+exponentials, 0 of them between the two waits. Neither keeping the old P's registers live past the wait nor
+moving the TMA refill changed that (offline), nor did ptxas 12.9. With P through shared memory (P_SMEM True,
+two buffers, an SS-MMA) ptxas keeps all 32 exponentials of a step between the waits (offline SASS, triton 3.6
+and 3.9; tests/gluon_compile_check.py asserts it). That variant has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from . import rel_pos_attention as K
@@ -48,17 +49,21 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
-def _step(j, p_prev, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc, rw, rh_ptr, zero_s, k_row,
-          qk_scale, HK: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, kv_bytes: gl.constexpr,
-          row_o: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr):
-    # one key tile j >= 1: S_j's MMA and tile j-1's P V MMA in flight together, S_j's softmax under the P V
+def _step(j, p_prev, p_smem, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc, rw, rh_ptr, zero_s,
+          k_row, qk_scale, HK: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, kv_bytes: gl.constexpr,
+          row_o: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr, P_SMEM: gl.constexpr):
+    # one key tile j >= 1: S_j's MMA and tile j-1's P V MMA in flight together, S_j's softmax under the P V.
+    # P_SMEM: P goes through shared memory (two buffers) instead of registers
     LOG2E: gl.constexpr = 1.4426950408889634
     slot = j % STAGES
     prev = (j - 1) % STAGES
     rh = gl.load(rh_ptr + j).to(gl.float32) * LOG2E
     mbarrier.wait(kv_bar.index(slot), (j // STAGES) & 1)
     s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    o_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
+    if P_SMEM:
+        o_tok = warpgroup_mma(p_smem.index((j - 1) % 2), v_smem.index(prev), acc, is_async=True)
+    else:
+        o_tok = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
     # S_j is the older group: done once at most one MMA (P V) is still in flight
     s_ij = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok, ))
     s_ij = s_ij * qk_scale + rw + rh[:, None]
@@ -66,10 +71,14 @@ def _step(j, p_prev, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_de
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s_ij - m_new[:, None])
     l_i = l_i * alpha + gl.sum(p, 1)
-    p_new = gl.convert_layout(p.to(dtype), p_layout)
-    # p_prev as a dependency keeps its registers (the MMA's A operand) alive until the wait: otherwise ptxas
-    # reuses them for the new P and moves the wait up, before the exponentials
-    acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_prev))
+    if P_SMEM:
+        p_smem.index(j % 2).store(p.to(dtype))
+        fence_async_shared()
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+        p_new = p_prev
+    else:
+        p_new = gl.convert_layout(p.to(dtype), p_layout)
+        acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_prev))
     # tile j-1's K and V are no longer read: refill its slot with tile j-1+STAGES
     nxt = j - 1 + STAGES
     if nxt < HK:
@@ -86,7 +95,7 @@ def _fwd_gluon_kernel(
     srh_b, srh_n, srw_b, srw_n, so_b, so_n, slse_b,
     N_Q, N_K, qk_scale,
     HK: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-    STAGES: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     # q_desc: [B*N_Q, D] in [BLOCK_M, D] boxes; k_desc, v_desc: [B*N_K, D] in [BLOCK_N, D] boxes (one grid row)
     # rel_h: [B, N_Q, HK] (last stride 1), rel_w: [B, N_Q, BLOCK_N], out: [B, N_Q, D], lse: [B, N_Q] fp32
@@ -145,25 +154,35 @@ def _fwd_gluon_kernel(
     m_i = gl.max(s_ij, 1)
     p = gl.exp2(s_ij - m_i[:, None])
     l_i = gl.sum(p, 1)
-    p_prev = gl.convert_layout(p.to(dtype), p_layout)
+    p_smem = gl.allocate_shared_memory(dtype, [2 if P_SMEM else 1, BLOCK_M, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+    if P_SMEM:
+        p_smem.index(0).store(p.to(dtype))
+        fence_async_shared()
+        p_prev = 0  # unused: P lives in p_smem
+    else:
+        p_prev = gl.convert_layout(p.to(dtype), p_layout)
     acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
 
     # two tiles per trip, so that the P being read by the in-flight MMA and the P being computed are different
     # loop values (with one loop-carried P, ptxas waits for the P V MMA before writing the new P)
     for j in range(1, HK - 1, 2):
-        m_i, l_i, acc, p_next = _step(j, p_prev, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
+        m_i, l_i, acc, p_next = _step(j, p_prev, p_smem, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
                                       rw, rh_ptr, zero_s, k_row, qk_scale, HK, STAGES, BLOCK_N, kv_bytes,
-                                      row_o, p_layout, dtype)
-        m_i, l_i, acc, p_prev = _step(j + 1, p_next, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
+                                      row_o, p_layout, dtype, P_SMEM)
+        m_i, l_i, acc, p_prev = _step(j + 1, p_next, p_smem, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
                                       rw, rh_ptr, zero_s, k_row, qk_scale, HK, STAGES, BLOCK_N, kv_bytes,
-                                      row_o, p_layout, dtype)
+                                      row_o, p_layout, dtype, P_SMEM)
     if HK % 2 == 0:  # tiles 1 .. HK-1 are an odd count: one more step
-        m_i, l_i, acc, p_prev = _step(HK - 1, p_prev, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
+        m_i, l_i, acc, p_prev = _step(HK - 1, p_prev, p_smem, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
                                       rw, rh_ptr, zero_s, k_row, qk_scale, HK, STAGES, BLOCK_N, kv_bytes,
-                                      row_o, p_layout, dtype)
+                                      row_o, p_layout, dtype, P_SMEM)
 
     last = (HK - 1) % STAGES
-    o_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
+    if P_SMEM:
+        o_tok = warpgroup_mma(p_smem.index((HK - 1) % 2), v_smem.index(last), acc, is_async=True)
+    else:
+        o_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
     mbarrier.invalidate(q_bar)
     for s in gl.static_range(STAGES):
@@ -180,6 +199,7 @@ def _fwd_gluon_kernel(
 BLOCK_M = 64
 NUM_WARPS = 4
 STAGES = 3
+P_SMEM = False  # True: not yet run on a GPU (session 10; module docstring)
 
 
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
@@ -225,6 +245,6 @@ def forward_gluon(q, k, v, rel_h, rel_w, scale: float):
         q_desc, k_desc, v_desc, rel_h, rel_w, out, lse,
         rel_h.stride(0), rel_h.stride(1), rel_w.stride(0), rel_w.stride(1), out.stride(0), out.stride(1),
         lse.stride(0), n_q, k.shape[1], scale * _LOG2E,
-        HK=hk, BLOCK_M=BLOCK_M, BLOCK_N=64, D=d, STAGES=STAGES, num_warps=NUM_WARPS,
+        HK=hk, BLOCK_M=BLOCK_M, BLOCK_N=64, D=d, STAGES=STAGES, P_SMEM=P_SMEM, num_warps=NUM_WARPS,
     )
     return out, lse
