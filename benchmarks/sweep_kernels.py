@@ -323,6 +323,40 @@ def sweep_fwd_tma(results, shapes=TMA_SHAPES):
     return rows
 
 
+# --fwd-gluon: the Gluon forward experiment (kernels/forward_gluon.py) against the shipped forward, bf16, on the
+# 64-wide grids it takes. Variants (block_m, num_warps, stages, p_smem); session 10 timed the register-P ones
+# (no faster: ptxas waits for the P V MMA before the softmax); P through shared memory keeps the overlap in SASS
+_FWD_GLUON = [(64, 4, 3, False), (64, 4, 3, True), (64, 4, 4, True), (128, 8, 2, True), (128, 8, 3, True)]
+
+
+def sweep_fwd_gluon(results, shapes=((64, 1), (64, 4))):
+    from samhq_fx.kernels import forward_gluon as G
+
+    torch.set_float32_matmul_precision("highest")
+    rows, saved = [], (G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM)
+    for side, batch in shapes:
+        q, k, v, rh, rw, do = make(batch * HEADS, side, torch.bfloat16)
+        row = dict(mode="bf16", grid=side, batch=batch, shipped_ms=time_call(K, q, k, v, rh, rw, do, "fwd"))
+        ref_out, ref_lse = K.forward(q, k, v, rh, rw, D ** -0.5)
+        for variant in _FWD_GLUON:
+            name = "gluon-{}x{}w{}s{}".format(*variant[:3], "-psmem" if variant[3] else "")
+            G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM = variant
+            try:
+                call = lambda: G.forward_gluon(q, k, v, rh, rw, D ** -0.5)  # noqa: E731
+                out, lse = call()
+                row[f"{name}_err"] = max((out.float() - ref_out.float()).abs().max().item(),
+                                         (lse - ref_lse).abs().max().item())
+                row[f"{name}_ms"] = 0.0 if WARM["only"] else graph_bench(call)
+            except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
+                torch.cuda.synchronize()
+                row[f"{name}_ms"] = f"{type(e).__name__}: {str(e)[:160]}"
+            finally:
+                G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM = saved
+        print(row, flush=True)
+        rows.append(row)
+    results["sweep_fwd_gluon"] = rows
+    return rows
+
 # --tables OLD: the config table of another revision (a configs.py file, e.g. `git show REV:kernels/configs.py`)
 # against this one, forward and backward, bf16 and fp32 "high", on SAM-B's global layer, its windows and every
 # 076 shape, in one process; plus the backward variants in VARIANTS under this table
@@ -381,6 +415,7 @@ def main():
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
     ap.add_argument("--bwd-tma", action="store_true")
+    ap.add_argument("--fwd-gluon", action="store_true", help="the Gluon forward experiment's variants (sm_90)")
     ap.add_argument("--tables", metavar="OLD_CONFIGS_PY", help="another revision's configs.py against this one")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
@@ -404,6 +439,7 @@ def main():
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
+                      (args.fwd_gluon, lambda: sweep_fwd_gluon(results)),
                       (args.bwd_tma, lambda: [sweep_switch(results, sw, "bf16", TMA_SHAPES)
                                               for sw in ("DQ_TMA", "DKDV_TMA", "DQ_TMA+DKDV_TMA")])):
         if flag:
