@@ -1,0 +1,155 @@
+"""What a kernel config costs on Hopper, read without a GPU: registers, spills, shared memory, CTAs per SM by each
+limit, and from the SASS how many exponentials run between a wgmma wait that leaves one MMA in flight and the wait
+for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, sessions 7 and 10).
+
+    python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
+    python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
+    python benchmarks/offline_sm90.py gluon-fwd - - '{"P_SMEM": true, "STAGES": 3}'
+
+tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
+(HK, WK, WK_PAD, R / R_KV / R_Q, BLOCK_M / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means
+TF32 dots, "PREC": "tf32x3" for "highest"). Registers and shared memory have matched ncu on the H200 every time
+they were compared (sessions 6 and 10). What this cannot show is time: it reads the schedule, not the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+try:
+    from samhq_fx.kernels import backward as kb
+    from samhq_fx.kernels import forward as kf
+except ImportError:  # not installed: the repo's kernels/ directory
+    from kernels import backward as kb
+    from kernels import forward as kf
+
+TARGET = GPUTarget("cuda", 90, 32)
+SM_REGS, SM_SHARED, SM_WARPS, CTA_RESERVED = 65536, 233472, 64, 1024  # H100 / H200 per-SM limits, bytes
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+# strides Inductor passes as constants (== 1), as the kernels are specialized in practice
+_UNIT_STRIDES = {"srh_k", "srw_k", "srht_n", "srwt_n", "slse_n", "sdrh_k", "sdrw_k"}
+_KMAJOR_STRIDES = {"sqt_d", "sdot_d", "skt_d", "svt_d"}
+
+
+def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
+    """Compile forward.py's or backward.py's kernel for sm_90 with SAM-B constexprs updated by `overrides`."""
+    fn = kb._bwd_kernel if kernel == "bwd" else kf._fwd_kernel
+    const = dict(HK=64, WK=64, D=64, DV=64, WK_PAD=64, D_PAD=64, DV_PAD=64, PREC="none" if dtype == "bf16" else "tf32",
+                 KMAJOR=dtype == "fp32", PART=part, R_KV=1, BLOCK_M_KV=64 if dtype == "bf16" else 32,
+                 RH_SELECT_KV=False, BIAS_T=True, R_Q=1, BLOCK_M_Q=64, RH_SELECT_Q=False, R=1, BLOCK_M=64,
+                 RH_SELECT=False)
+    overrides = dict(overrides)
+    num_warps, num_stages = overrides.pop("num_warps", 4), overrides.pop("num_stages", 3)
+    const.update(overrides)
+    sig, consts, attrs = {}, {}, {}
+    for i, p in enumerate(fn.arg_names):
+        if p in const:
+            sig[p], consts[(i,)] = "constexpr", const[p]
+        elif p.startswith("s") and ((p.endswith("_d") and p not in _KMAJOR_STRIDES) or p in _UNIT_STRIDES):
+            sig[p], consts[(i,)] = "constexpr", 1
+        elif p == "N_Q" or p.startswith("s"):
+            sig[p], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
+        elif p in ("qk_scale", "scale"):
+            sig[p] = "fp32"
+        else:
+            sig[p], attrs[(i,)] = ("*fp32" if p in ("LSE", "DELTA") else f"*{dtype}"), [["tt.divisibility", 16]]
+    from triton.compiler import ASTSource
+
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET,
+                          options=dict(num_warps=num_warps, num_stages=num_stages)), num_warps
+
+
+GLUON_CONSTS = ("HK", "BLOCK_M", "BLOCK_N", "D", "STAGES", "P_SMEM", "num_warps")
+
+
+def compile_gluon_forward(block_m=64, num_warps=4, stages=3, hk=64, p_smem=False):
+    """Compile forward_gluon.py's kernel (bf16, head dim 64, 64-wide grid) for sm_90."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    try:
+        from samhq_fx.kernels import forward_gluon as G
+    except ImportError:
+        from kernels import forward_gluon as G
+    fn = G._fwd_gluon_kernel
+    q_l = gl.NVMMASharedLayout.get_default_for([block_m, 64], gl.bfloat16)
+    kv_l = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    values = dict(HK=hk, BLOCK_M=block_m, BLOCK_N=64, D=64, STAGES=stages, P_SMEM=p_smem, num_warps=num_warps)
+    sig = {}
+    for p in fn.arg_names:
+        if p == "q_desc":
+            sig[p] = f"tensordesc<bf16[{block_m}, 64],{q_l!r}>"
+        elif p in ("k_desc", "v_desc"):
+            sig[p] = f"tensordesc<bf16[64, 64],{kv_l!r}>"
+        elif p in GLUON_CONSTS:
+            sig[p] = "constexpr"
+        else:
+            sig[p] = {"RH": "*bf16", "RW": "*bf16", "O": "*bf16", "LSE": "*fp32", "qk_scale": "fp32"}.get(p, "i32")
+    consts = {(fn.arg_names.index(p),): values[p] for p in GLUON_CONSTS}
+    return triton.compile(GluonASTSource(fn, sig, consts, {}), target=TARGET, options=dict(num_warps=num_warps))
+
+
+def sass(cubin: bytes, *flags: str) -> str:
+    """cuobjdump's output for a cubin (Triton's bundled binary)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([os.path.join(_BIN, "cuobjdump"), *flags, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def exps_between_waits(cubin: bytes) -> list[int]:
+    """Per wait pair of the SASS: MUFU.EX2 between 'wait until 1 MMA in flight' and 'wait until 0'."""
+    counts, inside, n = [], False, 0
+    for op in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[01]|MUFU\.EX2", sass(cubin, "-sass")):
+        if op.endswith("0x1"):
+            inside, n = True, 0
+        elif op.endswith("0x0"):
+            if inside:
+                counts.append(n)
+            inside = False
+        else:
+            n += inside
+    return counts
+
+
+def report(compiled, num_warps: int) -> dict:
+    """Registers, local memory (spills), shared memory, CTAs per SM by each limit, wgmma waits and overlap."""
+    usage = re.search(r"REG:(\d+) STACK:(\d+).*?LOCAL:(\d+)", sass(compiled.asm["cubin"], "-res-usage"), re.S)
+    regs, stack, local = map(int, usage.groups())
+    smem = compiled.metadata.shared
+    limits = dict(regs=SM_REGS // (-(-regs // 8) * 8 * 32 * num_warps), shared=SM_SHARED // (smem + CTA_RESERVED),
+                  warps=SM_WARPS // num_warps)
+    return dict(registers=regs, stack=stack, local=local, shared=smem, ctas_per_sm=min(limits.values()),
+                ctas_by_limit=limits, wgmma=compiled.asm["ptx"].count("wgmma.mma_async"),
+                waits=re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", compiled.asm["ptx"]),
+                exps_between_waits=exps_between_waits(compiled.asm["cubin"]))
+
+
+def main(argv=None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3:
+        raise SystemExit(__doc__)
+    kernel, dtype, part = args[:3]
+    overrides = json.loads(args[3]) if len(args) > 3 else {}
+    if kernel == "gluon-fwd":
+        num_warps = overrides.get("num_warps", 4)
+        compiled = compile_gluon_forward(overrides.get("BLOCK_M", 64), num_warps, overrides.get("STAGES", 3),
+                                         overrides.get("HK", 64), overrides.get("P_SMEM", False))
+    else:
+        compiled, num_warps = compile_tl(kernel, dtype, part, overrides)
+    print(json.dumps(report(compiled, num_warps)))
+
+
+if __name__ == "__main__":
+    main()
