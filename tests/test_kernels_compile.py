@@ -6,6 +6,7 @@ compiles every launch of forward/backward for sm_90 on the CPU (Triton's bundled
 TMA / warp-specialized experiments with a check that Triton still splits them as designed.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -38,3 +39,21 @@ def test_gluon_forward_compiles_with_its_overlap_for_sm90():
     pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     out = run_check("gluon_compile_check.py")
     assert out.count("ok ") == 3, out
+
+
+def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
+    # session 10: at the old 4 stages the fp32 dK/dV needed 190 KB of shared memory, one CTA of 4 warps per SM, and
+    # the backward was 1.2x slower; a table change that brings that back should fail here, not on the H200
+    pytest.importorskip("triton.backends.nvidia")
+    from samhq_fx.kernels import configs
+
+    c = configs.config("dkdv", fp32=True, prec="tf32", wide=False, wk=64, rows=12 * 4096, interpret=False)
+    code = ("import json, offline_sm90 as O; c, w = O.compile_tl('bwd', 'fp32', 'dkdv', json.loads('%s')); "
+            "print(json.dumps(O.report(c, w)))" % json.dumps(dict(num_warps=c["num_warps"], num_stages=c["num_stages"],
+                                                                   BLOCK_M_KV=c["BLOCK_M"])))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ctas_per_sm"] >= 2, report
