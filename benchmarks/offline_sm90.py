@@ -5,6 +5,7 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, 
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
     python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
     python benchmarks/offline_sm90.py gluon-fwd - - '{"P_SMEM": true, "STAGES": 3}'
+    python benchmarks/offline_sm90.py gluon-dq - - '{"STAGES": 3}'
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
 (HK, WK, WK_PAD, R / R_KV / R_Q, BLOCK_M / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means
@@ -99,6 +100,38 @@ def compile_gluon_forward(block_m=64, num_warps=4, stages=3, hk=64, p_smem=False
     return triton.compile(GluonASTSource(fn, sig, consts, {}), target=TARGET, options=dict(num_warps=num_warps))
 
 
+def compile_gluon_dq(block_m=64, num_warps=4, stages=3, hk=64):
+    """Compile backward_gluon.py's dQ kernel (bf16, head dim 64, 64-wide grid) for sm_90."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    try:
+        from samhq_fx.kernels import backward_gluon as BG
+    except ImportError:
+        from kernels import backward_gluon as BG
+    fn = BG._dq_gluon_kernel
+    q_l = gl.NVMMASharedLayout.get_default_for([block_m, 64], gl.bfloat16)
+    kv_l = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    values = dict(HK=hk, BLOCK_M=block_m, BLOCK_N=64, D=64, STAGES=stages, num_warps=num_warps)
+    names = tuple(values)
+    sig = {}
+    for p in fn.arg_names:
+        if p in ("q_desc", "do_desc"):
+            sig[p] = f"tensordesc<bf16[{block_m}, 64],{q_l!r}>"
+        elif p in ("k_desc", "v_desc"):
+            sig[p] = f"tensordesc<bf16[64, 64],{kv_l!r}>"
+        elif p in names:
+            sig[p] = "constexpr"
+        elif p in ("LSE", "DELTA"):
+            sig[p] = "*fp32"
+        elif p in ("qk_scale", "scale"):
+            sig[p] = "fp32"
+        else:
+            sig[p] = "*bf16" if p in ("O", "DO", "RH", "RW", "DQ", "DRH", "DRW") else "i32"
+    consts = {(fn.arg_names.index(p),): values[p] for p in names}
+    return triton.compile(GluonASTSource(fn, sig, consts, {}), target=TARGET, options=dict(num_warps=num_warps))
+
+
 def sass(cubin: bytes, *flags: str) -> str:
     """cuobjdump's output for a cubin (Triton's bundled binary)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -146,6 +179,10 @@ def main(argv=None) -> None:
         num_warps = overrides.get("num_warps", 4)
         compiled = compile_gluon_forward(overrides.get("BLOCK_M", 64), num_warps, overrides.get("STAGES", 3),
                                          overrides.get("HK", 64), overrides.get("P_SMEM", False))
+    elif kernel == "gluon-dq":
+        num_warps = overrides.get("num_warps", 4)
+        compiled = compile_gluon_dq(overrides.get("BLOCK_M", 64), num_warps, overrides.get("STAGES", 3),
+                                    overrides.get("HK", 64))
     else:
         compiled, num_warps = compile_tl(kernel, dtype, part, overrides)
     print(json.dumps(report(compiled, num_warps)))

@@ -221,14 +221,16 @@ def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     return None
 
 
-def descriptors(q, k, v):
-    """Host TMA descriptors: q as [B*N_Q, D] in [BLOCK_M, D] boxes, k and v as [B*N_K, D] in [64, D] boxes."""
+def descriptors(q, k, v, block_m: int | None = None):
+    """Host TMA descriptors: q as [B*N_Q, D] in [block_m, D] boxes (default BLOCK_M), k and v as [B*N_K, D] in
+    [64, D] boxes."""
+    block_m = BLOCK_M if block_m is None else block_m
     d = q.shape[2]
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q2, k2, v2 = q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d)
-    q_l = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], gdt)
+    q_l = gl.NVMMASharedLayout.get_default_for([block_m, d], gdt)
     kv_l = gl.NVMMASharedLayout.get_default_for([64, d], gdt)
-    return (TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [BLOCK_M, d], q_l),
+    return (TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [block_m, d], q_l),
             TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [64, d], kv_l),
             TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [64, d], kv_l))
 

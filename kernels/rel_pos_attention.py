@@ -24,7 +24,8 @@ Rooms: this file is the host side (what is launched, with which copies); the jit
 tiles.py (shared pieces), forward.py and backward.py, the block configs in configs.py (one table, each
 row with the measurement behind it). forward_tma.py and backward_tma.py are experiments beside them (TMA,
 warp-specialized Hopper forward, dQ and dK/dV), and forward_gluon.py (a Gluon forward with softmax / MMA overlap
-written out), launched from here only under the FWD_TMA / DQ_TMA / DKDV_TMA / FWD_GLUON switches.
+written out) and backward_gluon.py (its dQ), launched from here only under the FWD_TMA / DQ_TMA / DKDV_TMA /
+FWD_GLUON / DQ_GLUON switches.
   _fwd_kernel   grid (query blocks, B)   online softmax over key tiles -> out, lse
   _bwd_kernel   PART "dq"   grid (query blocks, B)  owns a query block, loops over key tiles
                             -> dq, d_rel_h, d_rel_w, and delta[i] = <dout[i], out[i]> for dK/dV
@@ -53,6 +54,7 @@ they can run inside a torch.library.triton_op traced by Inductor with fake tenso
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -63,6 +65,7 @@ from .backward import _bwd_kernel
 from .forward import _fwd_kernel
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_log = logging.getLogger("samhq_fx")
 
 # Test hook: when True, every output buffer is filled with NaN right after allocation, so an element
 # a kernel fails to write shows up as NaN in the tests. Never set in production.
@@ -74,8 +77,10 @@ _POISON_OUTPUTS = False
 # functions build TMA descriptors, which the triton_op path's traced host function cannot. Timed on the H200
 # (session 9): slower than the shipped kernels except dK/dV on 64-wide grids (-5%); benchmarks/NOTES.md.
 # FWD_GLUON: the Gluon forward (forward_gluon.py), timed in session 10: as fast as forward.py, not faster.
+# DQ_GLUON: the Gluon dQ (backward_gluon.py), not yet run on a GPU; a launch that fails to build falls back.
 FWD_TMA = False
 FWD_GLUON = False
+DQ_GLUON = False
 DQ_TMA = False
 DKDV_TMA = False
 
@@ -236,6 +241,17 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
     return out, lse
 
 
+def _try(fn, *args):
+    """fn(*args), or None with one log line if it fails (an experiment whose build fails, e.g. a ptxas crash on
+    the Gluon dQ, must not stop training: the caller then launches the Triton kernel)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        _log.warning("samhq-fx: %s did not run (%s: %s); using the Triton kernel", fn.__name__, type(e).__name__,
+                     str(e)[:200])
+        return None
+
+
 def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
     b, n_q, d = q.shape
@@ -256,6 +272,12 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             dq_tma, fused = backward_tma.dq_tma, False
         if DKDV_TMA and backward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
             dkdv_tma, fused = backward_tma.dkdv_tma, False  # after dQ, which writes delta
+    dq_gluon = None
+    if DQ_GLUON:
+        from . import backward_gluon
+
+        if backward_gluon.unsupported_reason(q, k, v, rel_h, rel_w, dout, out) is None:
+            dq_gluon, fused = backward_gluon.dq_gluon, False  # writes delta for the dK/dV launch
     wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
 
@@ -299,7 +321,10 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         # dQ first: it writes delta for dK/dV. Each launch's copies are released before the next one's,
         # so the two sets never add up in the peak (same stream: the caching allocator reuses the memory
         # only after the launch has read it)
-        if dq_tma is not None:
+        gluon = _try(dq_gluon, dout, q, k, v, rel_h, rel_w, out, lse, scale) if dq_gluon is not None else None
+        if gluon is not None:
+            dq, drh, drw, delta = gluon
+        elif dq_tma is not None:
             delta = (dout.float() * out.float()).sum(-1)  # [B, Nq] fp32: what dQ's launch writes
             dq, drh, drw = dq_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale)
         else:

@@ -1,4 +1,5 @@
-"""Compile the Gluon forward experiment (kernels/forward_gluon.py) for sm_90 on the CPU and check its schedule.
+"""Compile the Gluon experiments (kernels/forward_gluon.py, backward_gluon.py) for sm_90 on the CPU and check
+their schedule (the dQ: every exponential between its two waits, no spills).
 In the PTX of the key loop: two MMAs issued, a wait that leaves one in flight (S_j done, P V running) before the
 softmax, then a wait for none. With P through shared memory (P_SMEM) the SASS must keep it too: ptxas puts the
 exponentials between the two waits. With P in registers it moves the second wait above them (NOTES, session 10),
@@ -12,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import offline_sm90 as O  # noqa: E402
 
 try:
+    from samhq_fx.kernels import backward_gluon as BG
     from samhq_fx.kernels import forward_gluon as G
 except ImportError:
+    from kernels import backward_gluon as BG
     from kernels import forward_gluon as G
 
 
@@ -29,6 +32,12 @@ def main():
         if r["ctas_per_sm"] < 1 or r["local"]:
             raise RuntimeError(f"does not fit, or spills: {r}")
         print(f"ok forward_gluon {block_m}x{num_warps}w{stages}s hk={hk} p_smem={p_smem}: {r}", flush=True)
+    # the dQ (backward_gluon.py) at its shipped config: every exponential under the dQ MMA (8 warps: 16 a thread)
+    r = O.report(O.compile_gluon_dq(BG.BLOCK_M, BG.NUM_WARPS, BG.STAGES, 64), BG.NUM_WARPS)
+    per_thread = 64 * 64 // (32 * BG.NUM_WARPS)
+    if not r["exps_between_waits"] or min(r["exps_between_waits"]) < per_thread or r["local"] or r["stack"]:
+        raise RuntimeError(f"the Gluon dQ lost its overlap or spills: {r}")
+    print(f"ok dq_gluon {BG.BLOCK_M}x{BG.NUM_WARPS}w{BG.STAGES}s: {r}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The TMA + warp-specialized Hopper experiments, kernels/forward_tma.py and backward_tma.py (dK/dV), against
 the float64 oracle, alone and switched into the op's host functions (rel_pos_attention.FWD_TMA / DKDV_TMA);
-and the Gluon forward (kernels/forward_gluon.py, FWD_GLUON), GPU only (Gluon has no interpreter).
+and the Gluon forward and dQ (kernels/forward_gluon.py, backward_gluon.py; FWD_GLUON, DQ_GLUON), GPU only (Gluon
+has no interpreter) except their input checks and the dQ's fallback.
 
 On CPU (CI) under TRITON_INTERPRET=1, where descriptors are emulated and `warp_specialize` is ignored, so
 these check the kernels' arithmetic and their TMA boxes (zero-filled padded key columns, query rows past
@@ -243,4 +244,54 @@ def test_gpu_gluon_switched_into_the_op(monkeypatch):
     monkeypatch.setattr(K, "FWD_GLUON", True)
     q, k, v, rel_h, rel_w, dout = make_inputs(12, 4096, 64, 64, 64, 64, torch.bfloat16, seed=5)
     run_and_check(q.contiguous(), k, v, rel_h, rel_w, dout, 2e-2)
+    assert calls == [1]
+
+
+def test_gluon_dq_that_fails_to_build_falls_back_with_one_log_line(monkeypatch, caplog):
+    # a ptxas crash (seen offline with ptxas 12.8 on some shapes) must not stop training: the Triton dQ runs
+    BG = pytest.importorskip("samhq_fx.kernels.backward_gluon")
+
+    def crash(*args):
+        raise RuntimeError("PTXAS error: `ptxas` failed with error code -11")
+
+    monkeypatch.setattr(BG, "unsupported_reason", lambda *a: None)
+    monkeypatch.setattr(BG, "dq_gluon", crash)
+    monkeypatch.setattr(K, "DQ_GLUON", True)
+    q, k, v, rel_h, rel_w, dout = make_inputs(1, 64, 8, 16, 16, 16, torch.bfloat16, seed=4)
+    with caplog.at_level("WARNING", logger="samhq_fx"):
+        run_and_check(q, k, v, rel_h, rel_w, dout, 2e-2)
+    assert len([r for r in caplog.records if "did not run" in r.getMessage()]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+@pytest.mark.parametrize("b,hk", [(12, 64), (2, 6), (48, 64)])
+def test_gpu_gluon_dq_matches_float64(b, hk):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon dQ is for sm_90")
+    from samhq_fx.kernels import backward_gluon as BG
+
+    # scale = 64 ** -0.5 = 0.125, as inputs_and_float64_grads uses
+    (q, k, v, rel_h, rel_w, dout), lse, delta, grads64 = inputs_and_float64_grads(b, hk * 64, hk, 64, 64,
+                                                                                   torch.bfloat16, 7 * b + hk)
+    dout = dout.contiguous()
+    out, _ = K.forward(q, k, v, rel_h, rel_w, 0.125)
+    assert BG.unsupported_reason(q, k, v, rel_h, rel_w, dout, out) is None
+    dq, drh, drw, got_delta = BG.dq_gluon(dout, q, k, v, rel_h, rel_w, out, lse, 0.125)
+    assert torch.isfinite(got_delta).all() and rel_err(got_delta, delta) < 1e-2
+    assert_close(("dq", "d_rel_h", "d_rel_w"), (dq, drh, drw), (grads64[0], *grads64[3:]), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
+def test_gpu_gluon_dq_switched_into_the_op(monkeypatch):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon dQ is for sm_90")
+    from samhq_fx.kernels import backward_gluon as BG
+
+    calls, fn = [], BG.dq_gluon
+    monkeypatch.setattr(BG, "dq_gluon", lambda *a: calls.append(1) or fn(*a))
+    monkeypatch.setattr(K, "DQ_GLUON", True)
+    q, k, v, rel_h, rel_w, dout = make_inputs(12, 4096, 64, 64, 64, 64, torch.bfloat16, seed=5)
+    run_and_check(q, k, v, rel_h, rel_w, dout.contiguous(), 2e-2)
     assert calls == [1]
