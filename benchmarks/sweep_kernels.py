@@ -416,6 +416,7 @@ def main():
     ap.add_argument("--fwd-tma", action="store_true")
     ap.add_argument("--bwd-tma", action="store_true")
     ap.add_argument("--fwd-gluon", action="store_true", help="the Gluon forward experiment's variants (sm_90)")
+    ap.add_argument("--dq-gluon", action="store_true", help="backward with the Gluon dQ (DQ_GLUON) off / on (sm_90)")
     ap.add_argument("--tables", metavar="OLD_CONFIGS_PY", help="another revision's configs.py against this one")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
@@ -440,6 +441,7 @@ def main():
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
                       (args.fwd_gluon, lambda: sweep_fwd_gluon(results)),
+                      (args.dq_gluon, lambda: sweep_switch(results, "DQ_GLUON", "bf16", ((64, 1), (64, 4), (64, 2)))),
                       (args.bwd_tma, lambda: [sweep_switch(results, sw, "bf16", TMA_SHAPES)
                                               for sw in ("DQ_TMA", "DKDV_TMA", "DQ_TMA+DKDV_TMA")])):
         if flag:
