@@ -13,7 +13,8 @@ Implementations (all in one process, per precision and workload):
   solution-bf16              the entry with compute="bf16": every GEMM and the attention kernels on bf16
                              operands (fp32 accumulation), fp32 gradients out; the benchmark checks the
                              outputs' tolerance, not the precision used inside, so it runs under any setting
-  solution-bf16-chunked      solution-bf16 with max_rows=2**16 (the peak-memory variant)
+  solution-bf16-chunked      solution-bf16 with max_rows=2**17 (the peak-memory variant: of the 16 workloads
+                             only 64x64x4 is split, in two chunks of two images)
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
                              + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
   inductor-reduce-overhead   torch.compile(layer, mode="reduce-overhead") + torch.autograd.grad
@@ -36,7 +37,7 @@ The rules (sol_execbench_076.md), per cell:
   they count). On CPU there is no profiler: wall time (perf_counter) instead of span, no peak.
 
 Run time on an H200 host (estimate from session 5's cells: compile 2-10 s per compiled cell, timing a few
-seconds): ~20-25 s per workload for the default four implementations, ~6-7 minutes for 16 workloads in one
+seconds; session 11: 15-20 s per compiled cell): ~25-30 s per workload for the default five implementations, ~8 minutes for 16 workloads in one
 precision. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 
   python benchmarks/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
@@ -65,13 +66,13 @@ import sol_execbench_076 as bench  # noqa: E402
 
 IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque",
          "solution-combo", "solution-chunked", "solution-bf16", "solution-bf16-chunked")
-DEFAULT_IMPLS = IMPLS[:4]
+DEFAULT_IMPLS = ("solution", "solution-bf16") + IMPLS[1:4]
 CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "solution-combo", "solution-chunked", "solution-bf16",
                    "solution-bf16-chunked", "inductor-reduce-overhead", "samhq-reduce-overhead")
 SOLUTIONS = {"solution": {}, "solution-opaque": {"fused": "opaque"},
              "solution-combo": {"options": {"combo_kernels": True}},
              "solution-chunked": {"max_rows": 2**16}, "solution-bf16": {"compute": "bf16"},
-             "solution-bf16-chunked": {"compute": "bf16", "max_rows": 2**16}}  # make_solution() arguments
+             "solution-bf16-chunked": {"compute": "bf16", "max_rows": 2**17}}  # make_solution() arguments
 PRIORS = {"solution": 12, "solution-opaque": 10, "solution-combo": 12, "solution-chunked": 20, "solution-bf16": 12,
           "solution-bf16-chunked": 20,
           "inductor-reduce-overhead": 12,

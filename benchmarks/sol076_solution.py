@@ -165,8 +165,11 @@ def _backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, pro
     if bias_sums is not None:
         db_proj = bias_sums[0]
         db_qkv = torch.cat([db_qkv[:2 * C], bias_sums[1]])
-    grads = (dx, torch.mm(dqkv.t(), x2), db_qkv, dwb_proj[:, :C], db_proj, d_tables[:rows_h], d_tables[rows_h:])
-    return tuple(g.to(out_dtype) for g in grads)  # bf16 compute: fp32 gradients, as the inputs
+    # bf16 compute: fp32 gradients, as the inputs (a no-op in fp32); the two GEMM outputs that hold two
+    # gradients each are cast whole, then sliced (one kernel each, not two)
+    dwb_proj, d_tables = dwb_proj.to(out_dtype), d_tables.to(out_dtype)
+    return (dx.to(out_dtype), torch.mm(dqkv.t(), x2).to(out_dtype), db_qkv, dwb_proj[:, :C], db_proj,
+            d_tables[:rows_h], d_tables[rows_h:])
 
 
 def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", backend: str = "inductor",
