@@ -36,9 +36,9 @@ The rules (sol_execbench_076.md), per cell:
   call (the extra memory a call needs beyond its inputs; CUDA-graph pools are recorded after it, so
   they count). On CPU there is no profiler: wall time (perf_counter) instead of span, no peak.
 
-Run time on an H200 host (estimate from session 5's cells: compile 2-10 s per compiled cell, timing a few
-seconds; session 11: 15-20 s per compiled cell): ~25-30 s per workload for the default five implementations, ~8 minutes for 16 workloads in one
-precision. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
+Run time on an H200 host (session 11: 15-20 s per compiled cell, compile included; a few s for eager): ~60 s
+per workload for the default five implementations, ~15 minutes for 16 workloads in one precision, so split
+the implementations over calls. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 
   python benchmarks/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
   python benchmarks/sol076_exact.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
