@@ -28,7 +28,9 @@ does not keep it: in the SASS the wait for the P V MMA (WARPGROUP.DEPBAR.LE gsb0
 exponentials, 0 of them between the two waits. Neither keeping the old P's registers live past the wait nor
 moving the TMA refill changed that (offline), nor did ptxas 12.9. With P through shared memory (P_SMEM True,
 two buffers, an SS-MMA) ptxas keeps all 32 exponentials of a step between the waits (offline SASS, triton 3.6
-and 3.9; tests/gluon_compile_check.py asserts it). That variant has not run on a GPU yet.
+and 3.9; tests/gluon_compile_check.py asserts it). Timed in session 11: correct (bit-identical again) and
+slower, 167.0 against 153.4 us at SAM-B (4 stages 182.5; 128 rows / 8 warps 212-294): the P store and the CTA
+barrier before the SS-MMA cost more than the overlap returns at 3 CTAs per SM. Kept off, as the record.
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ def _fwd_gluon_kernel(
 BLOCK_M = 64
 NUM_WARPS = 4
 STAGES = 3
-P_SMEM = False  # True: not yet run on a GPU (session 10; module docstring)
+P_SMEM = False  # True: the overlap in SASS, but 9% slower on the H200 (session 11; module docstring)
 
 
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:

@@ -76,8 +76,9 @@ _POISON_OUTPUTS = False
 # take the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
 # functions build TMA descriptors, which the triton_op path's traced host function cannot. Timed on the H200
 # (session 9): slower than the shipped kernels except dK/dV on 64-wide grids (-5%); benchmarks/NOTES.md.
-# FWD_GLUON: the Gluon forward (forward_gluon.py), timed in session 10: as fast as forward.py, not faster.
-# DQ_GLUON: the Gluon dQ (backward_gluon.py), not yet run on a GPU; a launch that fails to build falls back.
+# FWD_GLUON: the Gluon forward (forward_gluon.py): as fast as forward.py (P in registers), 9% slower (P in
+# shared memory; sessions 10-11).
+# DQ_GLUON: the Gluon dQ (backward_gluon.py), 1.55x slower on the H200 (session 11); a failed build falls back.
 FWD_TMA = False
 FWD_GLUON = False
 DQ_GLUON = False
