@@ -304,7 +304,8 @@ def main(argv=None) -> dict:
         payload = {"benchmark": "SOL-ExecBench L2/076, the benchmark's timing rules", "env": env,
                    "method": __doc__[__doc__.index("The rules"):__doc__.index("Run time")].strip(), "config": config,
                    "results": rows, "summary": summarize(rows), "skipped": skipped}
-        payload["targets"] = [list(t) for t in targets(rows, payload["summary"])]
+        payload["targets"] = {impl: [list(t) for t in targets(rows, payload["summary"], impl)] for impl in ENTRIES
+                              if any(r["impl"] == impl for r in rows)}
         common.write_json(path, payload)
         return payload
 
