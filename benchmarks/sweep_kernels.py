@@ -9,6 +9,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --narrow-bf16 --narrow16  # bf16 on narrow grids; fp32 with 16-key tiles
     python benchmarks/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
     python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
+    python benchmarks/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
@@ -236,6 +237,18 @@ SMALL_STEP_CANDS = {
     "fp32-highest": {"dkdv": [dict(BLOCK_M=16, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=2)]},
 }
 
+# --maxnreg: a register cap (ptxas -maxrregcount) that fits one more CTA per SM, bf16. Offline (sm_90a, Triton 3.6,
+# SAM-B global): dK/dV (32-query steps) 138 registers, 3 CTAs -> capped at 128: no spill, 4 CTAs; dK/dV with
+# 64-query steps at 2 stages capped at 168: no spill, 3 CTAs (against 192 and 2 uncapped); dQ 228 registers, 2
+# CTAs -> capped at 168: 80-112 bytes of spill, 3 CTAs; forward at 3 stages 162 -> capped at 128: 56 bytes of
+# spill, 4 CTAs (3 uncapped).
+MAXNREG_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8), (14, 100), (16, 32)]
+MAXNREG_CANDS = {
+    "fwd": [dict(num_stages=3), dict(num_stages=3, MAXNREG=128)],
+    "dkdv": [dict(MAXNREG=128), dict(BLOCK_M=64, num_stages=2), dict(BLOCK_M=64, num_stages=2, MAXNREG=168)],
+    "dq": [dict(MAXNREG=168), dict(num_stages=2, MAXNREG=168), dict(MAXNREG=160)],
+}
+
 
 def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None):
     dtype, prec = MODES[mode]
@@ -412,6 +425,7 @@ def main():
     ap.add_argument("--narrow16", action="store_true", help="fp32 with 16-key tiles on the 14- and 16-wide 076 grids")
     ap.add_argument("--fp32-occupancy", action="store_true", help="fp32 dK/dV and dQ configs with more warps per SM")
     ap.add_argument("--fp32-small-steps", action="store_true", help="fp32 dK/dV with 16-query steps, 'high' and 'highest'")
+    ap.add_argument("--maxnreg", action="store_true", help="bf16 kernels with a register cap (one more CTA per SM)")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
@@ -438,6 +452,8 @@ def main():
                                                                                  f"sweep_small_steps_{mode}"))
                                                        for mode, cands in SMALL_STEP_CANDS.items()]),
                       (args.tables, lambda: sweep_tables(results, args.tables)),
+                      (args.maxnreg, lambda: print_narrow(sweep_narrow(results, "bf16", MAXNREG_SHAPES, MAXNREG_CANDS,
+                                                                       "sweep_maxnreg"))),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),

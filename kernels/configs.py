@@ -18,6 +18,9 @@ Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-ti
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
 loads + selects instead of a tile gather, R > 1 only), and for dK/dV with 16-bit inputs BIAS_T (rel_h and
 rel_w copied with queries contiguous before the launch; fp32 gets them anyway, with its K-major copies).
+MAXNREG (a register cap for ptxas, so one more CTA fits per SM) is honoured by direct launches only (Inductor's
+codegen of a triton_op's kernels drops it); no row sets it: capped dK/dV / dQ / forward configs with one more CTA
+per SM were within -3% .. +20% of the rows below (session 12, benchmarks/NOTES.md).
 The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in one launch, each computing
 delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
 num_warps and num_stages.

@@ -114,6 +114,16 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
 _tile, _pad = configs.tile, configs.pad
 
 
+def _launch_options(cfg: dict) -> dict:
+    """Triton launch options of a config: warps, stages, and a register cap where the row sets MAXNREG (a cap
+    lets ptxas fit one more CTA per SM; only a direct launch takes it: wrap_triton traced by Inductor passes
+    num_warps / num_stages on, but not maxnreg)."""
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg.get("MAXNREG"):
+        opts["maxnreg"] = cfg["MAXNREG"]
+    return opts
+
+
 # fp32 operands: TF32 wgmma reads both operands K-major from shared memory (only 16-bit types may be
 # transposed), so a B operand whose contiguous axis is not the reduction axis (V in P @ V, dO and Q in
 # the dV / dK products, K in dS @ K) was copied into shared memory 4 bytes at a time, with 8-way bank
@@ -236,8 +246,7 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
         n_q, scale * 1.4426950408889634,
         HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, D_PAD=_pad(d), DV_PAD=_pad(dv),
         BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), KMAJOR=kmajor,
-        RH_SELECT=cfg.get("RH_SELECT", False),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        RH_SELECT=cfg.get("RH_SELECT", False), **_launch_options(cfg),
     )
     return out, lse
 
@@ -311,7 +320,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, D_PAD=d_pad, DV_PAD=dv_pad, PREC=prec, KMAJOR=kmajor,
             PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
             BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **_launch_options(cfg),
         )
 
     n_kv, n_qb = triton.cdiv(hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])
