@@ -15,16 +15,20 @@ and backward are one captured graph, replayed with no host work between its kern
 
 How the rel-pos terms are computed (no table gather in the forward, no scatter in the backward):
 SAM's rel_h[b, i, j, kh] = <q[b, i, j], rel_pos_h[i - kh + H - 1]>. So one GEMM against both tables,
-T = q @ [rel_pos_h; rel_pos_w]^T ([B*heads*N, (2H-1) + (2W-1)]), gives every product, and rel_h / rel_w
-are T's entries at a shifted column (an index gather that Inductor fuses into one pointwise kernel). The
-backward mirrors it: d_rel_h / d_rel_w are shifted back into dT (each (query row, table row) pair has at
-most one key row, so this is a gather with a mask, not a scatter-add: deterministic, no atomics), then
-dq += dT @ tables and d_tables = dT^T @ q are two more plain GEMMs. The price: T and dT are about twice
-the size of rel_h + rel_w (the shifted columns that no key row uses).
+T = q @ [rel_pos_h; rel_pos_w; zero rows]^T ([B*heads*N, width], width = (2H-1) + (2W-1) rounded up to 8 so
+cuBLAS gets 16-byte aligned rows), gives every product, and rel_h / rel_w are T's entries at a shifted column
+(`samhq::rel_pos_terms`, one Triton kernel). The backward mirrors it: d_rel_h / d_rel_w are shifted back into
+dT (`samhq::rel_pos_table_grad`; each (query row, table row) pair has at most one key row, so this is a gather
+with a mask, not a scatter-add: deterministic, no atomics), then dq += dT @ tables and d_tables = dT^T @ q are
+two more plain GEMMs. The price: T and dT are about twice the size of rel_h + rel_w (the shifted columns that
+no key row uses). Both shifts are kernels of ours (kernels/rel_pos_tables.py) because Inductor's versions of
+them were slow: int64 remainders in dT (71 us at 56x56x1, now 11), and the forward gather fused into the
+transposed bias copies of the dK/dV kernel (77 us at 32x32x8).
 
 The projection bias gradient rides in its weight-gradient GEMM: the merged attention output is copied into
 [B*N, hidden + 4] anyway (heads-major -> token-major), so that copy also writes a column of ones (and three
-of zeros, keeping rows 16-byte aligned), and grad_output^T @ it gives [dW_proj | db_proj]. The QKV bias
+of zeros, keeping fp32 rows 16-byte aligned), and grad_output^T @ it gives [dW_proj | db_proj] (fp32 compute;
+bf16 compute takes both bias gradients from exact fp32 sums instead, below). The QKV bias
 gradient is a column sum of dqkv, which Inductor can fuse into the kernel that assembles dqkv.
 
 The fused op comes in two registrations (samhq_fx/op.py): "triton_op" lets Inductor trace into the host
@@ -126,50 +130,68 @@ def _backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, pro
     # kernels' K-major copies of it (so Inductor may fuse the two), and at B == 1 they are views, no copy.
     qkv = torch.addmm(qkv_bias, x2, qkv_weight.t())
     q, k, v = (t.permute(0, 2, 1, 3).reshape(BH, N, d) for t in qkv.view(B, N, 3, nh, d).unbind(2))
-    tables = torch.cat([rel_pos_h, rel_pos_w])  # [rows_h + rows_w, d]
-    t = torch.mm(q.reshape(BH * N, d), tables.t()).view(BH, H, W, rows_h + rows_w)
-    i_h, i_w = torch.arange(H, device=dev), torch.arange(W, device=dev)
-    col_h = (i_h[:, None] - i_h[None, :] + H - 1).view(1, H, 1, H).expand(BH, H, W, H)  # table row of (i, kh)
-    col_w = (i_w[:, None] - i_w[None, :] + W - 1 + rows_h).view(1, 1, W, W).expand(BH, H, W, W)
-    rel = torch.cat([t.gather(3, col_h), t.gather(3, col_w)], 3).view(BH, N, H + W)
+    # [width, d]: zero rows pad T's rows (and dT's) to a multiple of 8 elements, 16-byte aligned, which cuBLAS
+    # needs for its fast kernels: T, dT @ tables and dT^T @ q each ran ~2x faster on the H200 (session 12)
+    width = -(-(rows_h + rows_w) // 8) * 8
+    tables = torch.cat([rel_pos_h, rel_pos_w, rel_pos_h.new_zeros(width - rows_h - rows_w, d)])
+    t = torch.mm(q.reshape(BH * N, d), tables.t())  # [BH * N, width]
+    # rel = [rel_h | rel_w] out of T's shifted columns: one kernel (kernels/rel_pos_tables.py; as a gather,
+    # Inductor fused it into the transposed bias copies that the dK/dV kernel takes, at ~300 GB/s)
+    rel = torch.ops.samhq.rel_pos_terms(t, H, W)  # [BH, N, H + W]
     rel_h, rel_w = rel[..., :H], rel[..., H:]
     out, lse = fwd_op(q, k, v, rel_h, rel_w, scale)
 
     # ---- output projection: [dW_proj | db_proj] in one GEMM (ones column), dout head-major
-    # (pad + a constant column mask: one pointwise kernel; a cat with ones() writes the constant part apart)
-    ones_col = torch.arange(C + 4, device=dev) == C
-    o_ext = F.pad(out.view(B, nh, N, d).permute(0, 2, 1, 3).reshape(M, C), (0, 4)) + ones_col
-    dwb_proj = torch.mm(g2.t(), o_ext)
+    # (pad + a constant column mask: one pointwise kernel; a cat with ones() writes the constant part apart).
+    # bf16 compute takes db_proj from the fp32 sum above, so no ones column: a [M, C + 4] bf16 operand has
+    # 8-byte aligned rows, and cuBLAS's kernel for it took 2x the aligned one's time (session 12)
+    o2 = out.view(B, nh, N, d).permute(0, 2, 1, 3).reshape(M, C)
+    o_ext = o2 if bias_sums is not None else F.pad(o2, (0, 4)) + (torch.arange(C + 4, device=dev) == C)
+    dwb_proj = _mm(g2.t(), o_ext, out_dtype)
     dout = torch.mm(g2, proj_weight).view(B, N, nh, d).permute(0, 2, 1, 3).reshape(BH, N, d)
 
-    # ---- attention backward, then the rel terms back into dT (masked gathers: key row kh = i - r + H - 1)
+    # ---- attention backward, then the rel terms back into dT (a masked gather: key row kh = i - r + H - 1),
+    # one kernel (kernels/rel_pos_tables.py; zeros in the padding columns)
     dq, dk, dv, drh, drw = bwd_op(dout, q, k, v, rel_h, rel_w, out, lse, scale)
-    r_h, r_w = torch.arange(rows_h, device=dev), torch.arange(rows_w, device=dev)
-    kh = i_h[:, None] - r_h[None, :] + H - 1  # [H, rows_h]
-    kw = i_w[:, None] - r_w[None, :] + W - 1  # [W, rows_w]
-    # any in-range column serves the masked entries: remainder, not clamp, because torch 2.11's Inductor
-    # folds a clamped iota into a sympy Max it cannot compare ("The argument '6 - ((0))' is not comparable",
-    # every workload on the H200; its CPU backend never builds that index)
-    dt_h = drh.view(BH, H, W, H).gather(3, kh.remainder(H).view(1, H, 1, rows_h).expand(BH, H, W, rows_h))
-    dt_w = drw.view(BH, H, W, W).gather(3, kw.remainder(W).view(1, 1, W, rows_w).expand(BH, H, W, rows_w))
-    dt = torch.cat([dt_h.masked_fill(((kh < 0) | (kh >= H)).view(1, H, 1, rows_h), 0),
-                    dt_w.masked_fill(((kw < 0) | (kw >= W)).view(1, 1, W, rows_w), 0)], 3).view(BH * N, rows_h + rows_w)
+    dt = torch.ops.samhq.rel_pos_table_grad(drh, drw, width)  # [BH * N, width]
     dq_rel = torch.mm(dt, tables)
-    d_tables = torch.mm(dt.t(), q.reshape(BH * N, d))
+    d_tables = _mm(dt.t(), q.reshape(BH * N, d), out_dtype)
 
     # ---- QKV projection: dqkv token-major, then dX, dW, db
     dq = dq + dq_rel.view(BH, N, d)
     dqkv = torch.stack([dq, dk, dv]).view(3, B, nh, N, d).permute(1, 3, 0, 2, 4).reshape(M, 3 * C)
-    dx = torch.mm(dqkv, qkv_weight).view(B, H, W, C)
-    db_qkv, db_proj = dqkv.sum(0, dtype=torch.float32), dwb_proj[:, C]
-    if bias_sums is not None:
-        db_proj = bias_sums[0]
-        db_qkv = torch.cat([db_qkv[:2 * C], bias_sums[1]])
-    # bf16 compute: fp32 gradients, as the inputs (a no-op in fp32); the two GEMM outputs that hold two
-    # gradients each are cast whole, then sliced (one kernel each, not two)
-    dwb_proj, d_tables = dwb_proj.to(out_dtype), d_tables.to(out_dtype)
-    return (dx.to(out_dtype), torch.mm(dqkv.t(), x2).to(out_dtype), db_qkv, dwb_proj[:, :C], db_proj,
-            d_tables[:rows_h], d_tables[rows_h:])
+    dx = _mm(dqkv, qkv_weight, out_dtype).view(B, H, W, C)
+    if bias_sums is None:
+        db_qkv, db_proj = dqkv.sum(0, dtype=torch.float32), dwb_proj[:, C]
+    else:  # q's and k's thirds from dqkv, v's and the projection's from the fp32 sums
+        db_qkv, db_proj = torch.cat([dqkv[:, :2 * C].sum(0, dtype=torch.float32), bias_sums[1]]), bias_sums[0]
+    # the GEMMs that make gradients give them in the inputs' dtype (fp32), also under bf16 compute
+    return (dx, _mm(dqkv.t(), x2, out_dtype), db_qkv, dwb_proj[:, :C], db_proj, d_tables[:rows_h],
+            d_tables[rows_h:rows_h + rows_w])
+
+
+# device type -> whether torch.mm takes out_dtype there (CUDA, torch >= 2.8: fp32 out of bf16 operands in the
+# GEMM's epilogue). Filled by make_solution's wrapper before the first call, outside the traced function.
+_MM_OUT_DTYPE: dict[str, bool] = {}
+
+
+def _mm_out_dtype_works(device: torch.device) -> bool:
+    try:
+        a = torch.ones(8, 8, device=device, dtype=torch.bfloat16)
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def _mm(a, b, dtype: torch.dtype):
+    """a @ b as `dtype`. bf16 operands with fp32 wanted: one cuBLAS call writing fp32 where torch.mm takes
+    out_dtype (each cast kernel after a GEMM cost its run time and a launch gap: ~4 us a kernel on the small
+    workloads, the H200, session 12), else a GEMM then a cast."""
+    if a.dtype == dtype:
+        return torch.mm(a, b)
+    if _MM_OUT_DTYPE.get(a.device.type, False):
+        return torch.mm(a, b, out_dtype=dtype)
+    return torch.mm(a, b).to(dtype)
 
 
 def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", backend: str = "inductor",
@@ -199,6 +221,7 @@ def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", bac
         dev = hidden_states.device
         if dev not in resolved:  # "auto" -> a concrete registration, once per device (a constant to Dynamo)
             resolved[dev] = _resolve(fused, dev)
+            _MM_OUT_DTYPE.setdefault(dev.type, dev.type == "cuda" and _mm_out_dtype_works(dev))
         args = [t.detach() for t in (grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
                                      rel_pos_h, rel_pos_w)]
         key = (dev, float(scale), *(t.shape for t in args))
