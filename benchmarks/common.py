@@ -172,11 +172,13 @@ def gpu_records(prof) -> list[tuple[str, float, float]]:
     return recs
 
 
-def split_calls(recs: list[tuple[str, float, float]], iters: int):
+def split_calls(recs: list[tuple[str, float, float]], iters: int, starts: bool = False):
     """Cut a sorted record list at the marker kernels: call i lies between markers 2i and 2i+1 (each call is
     bracketed by its own pair, so the next call's flush falls between pairs).  Returns (spans_us, kernels),
-    one entry per call.  CUPTI can drop the first records of a session; then markers are paired from the end
-    (a dropped prefix leaves the later calls intact) and the calls without both markers get None."""
+    one entry per call: kernels as (name, duration_us), or with starts=True (name, duration_us, start_us) with
+    start_us from the call's first record, so the idle gaps of a call can be placed.  CUPTI can drop the first
+    records of a session; then markers are paired from the end (a dropped prefix leaves the later calls intact)
+    and the calls without both markers get None."""
     cuts = [k for k, r in enumerate(recs) if MARKER_NAME in r[0]]
     if len(cuts) != 2 * iters:
         log(f"    warning: expected {2 * iters} marker kernels in the trace, found {len(cuts)}"
@@ -187,8 +189,9 @@ def split_calls(recs: list[tuple[str, float, float]], iters: int):
     kernels: list[list[tuple[str, float]]] = [[] for _ in range(missing)]
     for a, b in zip(cuts[0::2], cuts[1::2]):
         inside = recs[a + 1:b]
-        spans.append(max(r[2] for r in inside) - min(r[1] for r in inside) if inside else None)
-        kernels.append([(r[0], r[2] - r[1]) for r in inside])
+        t0 = min((r[1] for r in inside), default=0.0)
+        spans.append(max(r[2] for r in inside) - t0 if inside else None)
+        kernels.append([(r[0], r[2] - r[1], r[1] - t0) if starts else (r[0], r[2] - r[1]) for r in inside])
     return spans, kernels
 
 
@@ -213,9 +216,10 @@ def busy_share(kernels: list[tuple[str, float]], wall_us: float | None) -> float
 
 def kernel_spans(call: Callable[[int], object], iters: int, device: torch.device,
                  flush: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
-                 walls: bool = False):
-    """Per-call GPU span (us) from CUPTI records, and the per-call kernel list [(name, duration_us)]; with
-    walls=True also the per-call marker gaps (marker_gaps), as a third list.
+                 walls: bool = False, starts: bool = False):
+    """Per-call GPU span (us) from CUPTI records, and the per-call kernel list [(name, duration_us)] (with
+    starts=True [(name, duration_us, start_us)], split_calls); with walls=True also the per-call marker gaps
+    (marker_gaps), as a third list.
 
     GPU stream per call:  [flush] sync [marker] <call's kernels> [marker] sync.  A span is the first start to
     the last end of the records between the call's two markers.  Returns empty lists on CPU.
@@ -236,7 +240,7 @@ def kernel_spans(call: Callable[[int], object], iters: int, device: torch.device
             marker()  # stream-ordered after the call's last kernel, including the autograd backward's
             torch.cuda.synchronize(device)
     recs = gpu_records(prof)
-    spans, kernels = split_calls(recs, iters)
+    spans, kernels = split_calls(recs, iters, starts)
     return (spans, kernels, marker_gaps(recs, iters)) if walls else (spans, kernels)
 
 

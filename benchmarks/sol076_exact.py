@@ -32,7 +32,8 @@ The rules (sol_execbench_076.md), per cell:
     would in use);
   * latency = first kernel start to last kernel end of the call (torch.profiler / CUPTI, the marker
     scheme of common.kernel_spans), so idle gaps between kernels count; kernels per call from the same
-    trace (kernels, memcpy and memset records);
+    trace (kernels, memcpy and memset records), and the last timed call's list of them (kernels_last_call:
+    name, duration and start in us from the call's first record, which places its gaps);
   * correctness: after the warm-up, one call on a separately drawn input set, checked with sol076.check
     (per output: finite, >= 99% within atol + 1e-3 |ref|) against the float64 eager layer.
   peak_mib = max_memory_allocated over the warm-up and timed calls minus memory_allocated after the first
@@ -148,13 +149,14 @@ def run_cell(impl, wl, precision, data, copies, device, flusher, args) -> dict:
         timed = lambda i: call(args.warmup + i)  # noqa: E731  (copies never used by an earlier call)
         if cuda:
             # flush + sync happen before the opening marker (common.kernel_spans), outside the span
-            spans, kernels = common.kernel_spans(timed, args.iters, device, flusher, before)
+            spans, kernels = common.kernel_spans(timed, args.iters, device, flusher, before, starts=True)
             row["span_us"] = common.median(spans)
             row["span_us_all"] = [None if s is None else round(s, 2) for s in spans]
             counts = [len(k) for k in kernels if k]
             row["n_kernels"] = common.median(counts) if counts else None
             if kernels and kernels[-1]:
-                row["kernels_last_call"] = [(n[:120], round(t, 2)) for n, t in kernels[-1]]
+                # (name, duration us, start us from the call's first kernel): the gaps can be placed
+                row["kernels_last_call"] = [(n[:120], round(t, 2), round(t0, 2)) for n, t, t0 in kernels[-1]]
             row["peak_mib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
         else:
             row["wall_us"] = common.median(common.wall_times(timed, args.iters, device, flusher, before))

@@ -43,6 +43,8 @@ def test_split_calls_excludes_flush_and_measures_span():
     assert common.split_calls(recs[2:], 2)[0] == [None, 5]
     assert common.split_calls(recs[5:], 2)[0] == [None, 5]
     assert common.split_calls([], 2) == ([None, None], [[], []])
+    # with starts: each record's start from the call's first one (k2 starts 15 us after k1)
+    assert common.split_calls(recs, 2, starts=True)[1][0] == [("k1", 10, 0), ("k2", 25, 15)]
 
 
 def test_marker_gaps_and_busy_share():
