@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import samhq_fx.op as samhq_op  # noqa: E402
 import sol076  # noqa: E402
 import sol076_solution  # noqa: E402
+import sol076_stage  # noqa: E402
 
 from helpers import rel_err  # noqa: E402
 
@@ -109,6 +110,84 @@ def test_bf16_compute_passes_the_benchmark_rule_with_margin(wl, max_rows, margin
     assert rel_err(got[1], ref[1]) > 1e-4  # and the weights did run in bf16 (fp32 gives < 2e-5 here)
 
 
+def _assert_cast(got, want, name):
+    """got == want cast to got's dtype, as torch casts (round to nearest even) on the GPU; under the interpreter,
+    whose fp32 -> bf16 cast truncates, within one bf16 step."""
+    assert torch.isfinite(got).all(), name
+    if got.dtype == want.dtype or DEVICE == "cuda":
+        assert torch.equal(got, want.to(got.dtype)), name
+    else:
+        assert ((got.float() - want).abs() <= want.abs() * 2.0**-7).all(), name
+
+
+def test_stage_kernel_writes_every_buffer():
+    """sol076_stage's one kernel (interpreted on CPU): every buffer it owns, poisoned first, holds the cast
+    input; the projection weight also in fp32, bit for bit; grad_output's partial column sums add up to its
+    column sums; the tables' padding rows stay zero. Odd sizes: 70 tokens (3 row blocks, the last partial),
+    300 columns (two 256-column tiles, the last partial), 9 + 13 table rows padded to 24."""
+    gen = torch.Generator().manual_seed(11)
+    B, H, W, C, D = 2, 5, 7, 300, 16
+    g, x = torch.randn(B, H, W, C, generator=gen), torch.randn(B, H, W, C, generator=gen)
+    wq, bq = torch.randn(3 * C, C, generator=gen), torch.randn(3 * C, generator=gen)
+    wp = torch.randn(C, C, generator=gen)
+    rh, rw = torch.randn(2 * H - 1, D, generator=gen), torch.randn(2 * W - 1, D, generator=gen)
+    bufs = sol076_stage.stage_buffers(g, wq, rh, rw)
+    for name, t in bufs.items():
+        if name != "tables16":
+            t.fill_(float("nan"))
+    bufs["tables16"][:2 * H - 1 + 2 * W - 1].fill_(float("nan"))
+    sol076_stage.stage(bufs, g, x, wq, bq, wp, rh, rw)
+    assert bufs["tables16"].shape == (24, D)
+    tab = bufs["tables16"]
+    for name, got, want in (("g16", bufs["g16"], g), ("x16", bufs["x16"], x), ("wq16", bufs["wq16"], wq),
+                            ("bq16", bufs["bq16"], bq), ("wp16", bufs["wp16"], wp), ("wp32", bufs["wp32"], wp),
+                            ("rel_pos_h", tab[:2 * H - 1], rh), ("rel_pos_w", tab[2 * H - 1:2 * H - 1 + 2 * W - 1], rw)):
+        _assert_cast(got, want, name)
+    assert (tab[2 * H - 1 + 2 * W - 1:] == 0).all()  # padding rows: zero, never written
+    part = bufs["g_part"]
+    assert part.shape == (3, C) and torch.isfinite(part).all()
+    blocks = g.reshape(-1, C).split(sol076_stage.BLOCK_R)
+    torch.testing.assert_close(part, torch.stack([b.sum(0) for b in blocks]), rtol=1e-6, atol=1e-5)
+
+
+def test_stage_refuses_inputs_that_do_not_fit_its_buffers():
+    args = sol076.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(3))
+    g, x, wq, bq, wp, _, rh, rw = args
+    bufs = sol076_stage.stage_buffers(g, wq, rh, rw)
+    with pytest.raises(ValueError, match="hidden_states"):
+        sol076_stage.stage(bufs, g, x[:, :3], wq, bq, wp, rh, rw)
+    with pytest.raises(ValueError, match="qkv_bias.*float32"):
+        sol076_stage.stage(bufs, g, x, wq, bq.double(), wp, rh, rw)
+    with pytest.raises(ValueError, match="staged=True"):
+        sol076_solution.make_solution(mode=None, staged=True)  # compute="fp32"
+
+
+@pytest.mark.parametrize("wl", [(7, 7, 1), (4, 6, 3)])
+def test_staged_entry_matches_the_bf16_entry(wl):
+    """staged=True (the inputs through sol076_stage's kernel, interpreted on CPU) computes what compute="bf16"
+    does: the same bf16 operands, so the same gradients up to the order of grad_output's fp32 column sum (the
+    two bias gradients made from it). All 7 pass the benchmark's rule; a second call gives the same bits. The
+    inputs are bf16 values (held in fp32), so that the interpreter's cast, which truncates, equals torch's."""
+    args = [t.bfloat16().float() if t.is_floating_point() else t
+            for t in sol076.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(8))]
+    ref = sol076.float64_gradients(*args)
+    plain = sol076_solution.make_solution(mode=None, fused="opaque", compute="bf16")(*args)
+    staged = sol076_solution.make_solution(mode=None, fused="opaque", compute="bf16", staged=True)
+    got = [t.clone() for t in staged(*args)]
+    again = staged(*args)
+    for name, a, b, c in zip(sol076.INPUT_NAMES, plain, got, again):
+        assert torch.equal(b, c), name
+        if name == "proj_bias":
+            assert rel_err(b, a) < 1e-6, name
+        elif name == "qkv_bias":  # v's third: from the column sum too
+            assert rel_err(b[1536:], a[1536:]) < 1e-6, name
+            b, a = b[:1536], a[:1536]
+        if name != "proj_bias":
+            assert torch.equal(a, b), name
+    ok, why = sol076.check(got, ref, sol076.WORKLOADS.get(wl, sol076.WORKLOADS[(7, 7, 1)]))
+    assert ok, why
+
+
 def test_bad_inputs_are_refused():
     args = sol076.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match="tables"):
@@ -120,12 +199,14 @@ def test_bad_inputs_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wl,fused,compute", [((7, 7, 1), "auto", "fp32"), ((32, 32, 2), "auto", "fp32"),
-                                               ((14, 14, 1), "opaque", "fp32"), ((7, 7, 1), "auto", "bf16"),
-                                               ((32, 32, 2), "auto", "bf16")])
-def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, compute, caplog):
-    """On the GPU: compiled with reduce-overhead, replayed from a CUDA graph (no skips), every gradient passes
-    the benchmark's rule on inputs it was not recorded with, and replays are bitwise reproducible."""
+@pytest.mark.parametrize("wl,fused,compute,staged", [
+    ((7, 7, 1), "auto", "fp32", False), ((32, 32, 2), "auto", "fp32", False), ((14, 14, 1), "opaque", "fp32", False),
+    ((7, 7, 1), "auto", "bf16", False), ((32, 32, 2), "auto", "bf16", False), ((7, 7, 1), "auto", "bf16", True),
+    ((32, 32, 2), "auto", "bf16", True), ((14, 14, 2), "opaque", "bf16", True)])
+def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, compute, staged, caplog):
+    """On the GPU: compiled with reduce-overhead, replayed from a CUDA graph (no skips; staged: the entry's own
+    graph, whose outputs stay where the capture put them), every gradient passes the benchmark's rule on inputs
+    it was not recorded with, and replays are bitwise reproducible."""
     import logging
 
     from torch._dynamo.utils import counters
@@ -136,7 +217,7 @@ def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, compute, caplog)
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        solution = sol076_solution.make_solution(fused=fused, compute=compute)
+        solution = sol076_solution.make_solution(fused=fused, compute=compute, staged=staged)
         sets = [sol076.make_inputs(*wl, device="cuda", generator=torch.Generator().manual_seed(s)) for s in range(4)]
         for s in sets[:3]:  # compile, warm up, record
             torch.compiler.cudagraph_mark_step_begin()
@@ -144,7 +225,12 @@ def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, compute, caplog)
         torch.compiler.cudagraph_mark_step_begin()
         got = [g.clone() for g in solution(*sets[3])]
         torch.compiler.cudagraph_mark_step_begin()
-        again = [g.clone() for g in solution(*sets[3])]
+        outs = solution(*sets[3])
+        again = [g.clone() for g in outs]
+        if staged:
+            torch.compiler.cudagraph_mark_step_begin()
+            assert all(a.data_ptr() == b.data_ptr() for a, b in zip(outs, solution(*sets[2])))
+            assert list(solution.staging.values()) == ["in graph"]  # the staging kernel's node follows the inputs
         ok, why = sol076.check(got, sol076.float64_gradients(*sets[3]), sol076.WORKLOADS[wl])
         assert ok, why
         assert all(torch.equal(a, b) for a, b in zip(got, again))
