@@ -20,7 +20,9 @@ Implementations (all in one process, per precision and workload):
                              from the host (which the GPU hides only where its kernels are long)
   solution-bf16-staged       solution-bf16 with staged=True: the inputs cast to bf16 by one kernel into the
                              graph's own buffers (sol076_stage.py), then one replay of a CUDA graph captured
-                             by hand (no graph trees: no input copies, no casts inside the graph)
+                             by hand (no graph trees: no input copies, no casts inside the graph), the
+                             independent gradient GEMMs and sums on two more streams inside it
+  solution-bf16-staged-1s    solution-bf16-staged with everything on one stream
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
                              + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
   inductor-reduce-overhead   torch.compile(layer, mode="reduce-overhead") + torch.autograd.grad
@@ -73,22 +75,26 @@ import sol_execbench_076 as bench  # noqa: E402
 
 IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque",
          "solution-combo", "solution-chunked", "solution-bf16", "solution-bf16-chunked", "solution-bf16-nocg",
-         "solution-bf16-staged")
+         "solution-bf16-staged", "solution-bf16-staged-1s")
 DEFAULT_IMPLS = ("solution", "solution-bf16") + IMPLS[1:4]
 CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "solution-combo", "solution-chunked", "solution-bf16",
-                   "solution-bf16-chunked", "solution-bf16-staged", "inductor-reduce-overhead", "samhq-reduce-overhead")
-SOLUTIONS = {"solution": {}, "solution-opaque": {"fused": "opaque"},
+                   "solution-bf16-chunked", "solution-bf16-staged", "solution-bf16-staged-1s",
+                   "inductor-reduce-overhead", "samhq-reduce-overhead")
+SOLUTIONS = {"solution": {}, "solution-opaque": {"fused": "opaque"},  # make_solution() arguments
              "solution-combo": {"options": {"combo_kernels": True}},
              "solution-chunked": {"max_rows": 2**16}, "solution-bf16": {"compute": "bf16"},
              "solution-bf16-chunked": {"compute": "bf16", "max_rows": 2**17},
              "solution-bf16-nocg": {"compute": "bf16", "mode": "default"},
-             "solution-bf16-staged": {"compute": "bf16", "staged": True}}  # make_solution() arguments
+             "solution-bf16-staged": {"compute": "bf16", "staged": True},
+             "solution-bf16-staged-1s": {"compute": "bf16", "staged": True, "side_streams": False}}
 PRIORS = {"solution": 12, "solution-opaque": 10, "solution-combo": 12, "solution-chunked": 20, "solution-bf16": 12,
           "solution-bf16-chunked": 20, "solution-bf16-nocg": 12, "solution-bf16-staged": 12,
+          "solution-bf16-staged-1s": 12,
           "inductor-reduce-overhead": 12,
           "samhq-reduce-overhead": 8, "eager": 3}
 # targets printed for these
-ENTRIES = ("solution", "solution-bf16", "solution-bf16-staged", "solution-bf16-chunked", "solution-chunked")
+ENTRIES = ("solution", "solution-bf16", "solution-bf16-staged", "solution-bf16-staged-1s", "solution-bf16-chunked",
+           "solution-chunked")
 RESULTS_NAME = "sol076_solution.json"
 WARMUP, ITERS = 10, 50  # the benchmark's counts
 # Targets from the issue (H200): checked and printed under the table
