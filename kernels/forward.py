@@ -50,11 +50,11 @@ def _fwd_kernel(
     # rel_w bias: [BLOCK_M, BLOCK_N]; key tiles are whole grid rows, so it is the same for every tile
     rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
                  mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * LOG2E
-    if R > 1 and WK != WK_PAD:
+    if R > 1 and WK != WK_PAD and HK % R == 0:
         # padded grid columns: -inf here, once, so that their scores come out -inf with no select per score
-        # where R divides HK (the 14x14 windows, 28x28): 270 -> 261 loop instructions (sm_90a SASS), bf16
-        # forward -6% on the H200 (session 13). Not for R == 1: there a select per score cost fewer
-        # instructions than the -inf operand did (56-wide grid: 370 -> 384)
+        # (the 14x14 windows, 28x28): 270 -> 261 loop instructions (sm_90a SASS), bf16 forward -6% on the H200
+        # (session 13). Not for R == 1: there a select per score cost fewer instructions than the -inf operand
+        # did (56-wide grid: 370 -> 384). Not where R does not divide HK: the loop selects anyway (n_ok)
         rw = tl.where(col_ok[None, :], rw, float("-inf"))
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -74,7 +74,7 @@ def _fwd_kernel(
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
         s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
                                     HK, R, RH_SELECT)
-        if HK % R != 0:  # the last tile runs past the grid's last row (and R > 1: its columns are in rw)
+        if HK % R != 0:  # the last tile runs past the grid's last row: rows and columns masked here
             s = tl.where(n_ok[None, :], s, float("-inf"))
         elif R == 1 and WK != WK_PAD:
             s = tl.where(col_ok[None, :], s, float("-inf"))
