@@ -31,6 +31,12 @@ of zeros, keeping fp32 rows 16-byte aligned), and grad_output^T @ it gives [dW_p
 bf16 compute takes both bias gradients from exact fp32 sums instead, below). The QKV bias
 gradient is a column sum of dqkv, which Inductor can fuse into the kernel that assembles dqkv.
 
+make_solution(compute="bf16", staged=True) is the fastest entry (546 us mean against 629 for the graph-tree bf16
+entry, one H200 process, session 13): it owns its CUDA graph instead of using Inductor's graph trees. The graph
+starts with sol076_stage's kernel, which casts the fresh inputs into the buffers the rest reads, and before each
+replay that kernel's node is pointed at the call's inputs (graph_kernel_args), so a call is one graph launch with
+no input copy. Inside it, the projection's gradients and the last GEMMs run on two side streams (_StagedParts).
+
 The fused op comes in two registrations (samhq_fx/op.py): "triton_op" lets Inductor trace into the host
 function, so the fp32 kernels' operand copies (K-major q, k, v, dout, bias) become Inductor kernels that it
 may fuse with the copies around them; "opaque" launches them from inside the op, as the transparent path
