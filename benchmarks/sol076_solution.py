@@ -45,6 +45,7 @@ does. `fused="auto"` takes "triton_op" where op.py would (Hopper, kernels availa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -375,7 +376,10 @@ def _make_staged(mode, fused, backend, dynamic, options, side_streams: bool):
 
 
 def _staged_recompute(x16, wq16, bq16, tables16, scale: float, fused_: str):
-    return _recompute(x16, wq16, bq16, tables16, scale, fused_)
+    q, k, v, rel, out, lse = _recompute(x16, wq16, bq16, tables16, scale, fused_)
+    # q also as the T GEMM's operand [B*heads*N, d] (Inductor's copy of it): the tables' gradient GEMM reuses it,
+    # where reshaping the returned view copied it again, beside the last GEMMs (7x7x1: 2.5 us; session 14)
+    return q, k, v, rel, out, lse, q.reshape(-1, tables16.shape[1])
 
 
 def _staged_gradients(g16, wp16, tables16, q, k, v, rel, out, lse, db_v, scale: float, fused_: str):
@@ -411,19 +415,28 @@ class _StagedParts:
                 return fn(*args)
 
         g_sum, db_v = on(side1, _bias_sums, buffers["g_part"], buffers["wp32"])
-        q, k, v, rel, out, lse = self.recompute(x16, wq16, buffers["bq16"], tables16, scale, fused_)
+        q, k, v, rel, out, lse, q2 = self.recompute(x16, wq16, buffers["bq16"], tables16, scale, fused_)
         dw_proj = on(side2, _proj_weight_grad, g16, out)
         if main is not None:
             main.wait_stream(side1)  # db_v
         dqkv, dt, db_qkv = self.gradients(g16, buffers["wp16"], tables16, q, k, v, rel, out, lse, db_v, scale, fused_)
         B, H, W, C = g16.shape
-        d_rel_pos_h, d_rel_pos_w = on(side2, _table_grads, dt, q, tables16.shape[1], H, W, torch.float32)
-        dw_qkv = on(side1, _mm, dqkv.t(), x16.reshape(-1, C), torch.float32)
+        if main is not None:  # the side streams wait for dqkv first, so that dx's graph node comes before theirs
+            side1.wait_stream(main)
+            side2.wait_stream(main)
         dx = _mm(dqkv, wq16, torch.float32).view(B, H, W, C)
+        with _on_stream(side2):
+            d_rel_pos_h, d_rel_pos_w = _table_grads(dt, q2, tables16.shape[1], H, W, torch.float32)
+        with _on_stream(side1):
+            dw_qkv = _mm(dqkv.t(), x16.reshape(-1, C), torch.float32)
         if main is not None:
             main.wait_stream(side1)
             main.wait_stream(side2)
         return dx, dw_qkv, db_qkv, dw_proj, g_sum, d_rel_pos_h, d_rel_pos_w
+
+
+def _on_stream(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 class _StagedGraph:
