@@ -15,6 +15,14 @@ The node is found by its arguments: the one kernel node whose pointer arguments 
 count and sizes come from cuFuncGetParamInfo (CUDA >= 12.4); every argument but the patched ones keeps the
 value the node was captured with. Anything missing (the driver symbols, keep_graph in torch, a unique node)
 raises GraphArgsUnavailable, and the caller falls back to launching the kernel before the replay.
+
+    exec_ = PriorityExec(graph)                      # the same graph, its kernels at their streams' priorities
+    args = KernelNodePointers(graph, old_pointers, exec_.handle); args.set(new_pointers); exec_.launch()
+
+A graph launched with torch's replay runs every kernel at the launching stream's priority. Stream capture records
+each kernel's stream priority in its node, and an exec instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+keeps them: where the graph runs branches side by side, the block scheduler then serves the high-priority
+branch's blocks first.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h
 
 
 _KERNEL_NODE = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+_USE_NODE_PRIORITY = 8  # CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
+_PRIORITY = 8  # CU_LAUNCH_ATTRIBUTE_PRIORITY
 _DRIVER = None
 
 
@@ -45,7 +55,8 @@ def _driver():
             lib = ctypes.CDLL("libcuda.so.1")
             fns = {name: getattr(lib, name) for name in (
                 "cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2", "cuFuncGetParamInfo",
-                "cuGraphExecKernelNodeSetParams_v2")}
+                "cuGraphExecKernelNodeSetParams_v2", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+                "cuGraphExecDestroy", "cuGraphKernelNodeGetAttribute")}
         except (OSError, AttributeError) as e:
             raise GraphArgsUnavailable(f"CUDA driver API: {e}") from e
         for fn in fns.values():
@@ -68,28 +79,67 @@ def _param_sizes(func: int) -> list[int]:
     return sizes
 
 
+def _raw_graph(graph) -> int:
+    try:
+        return graph.raw_cuda_graph()
+    except (AttributeError, RuntimeError) as e:
+        raise GraphArgsUnavailable(f"torch.cuda.CUDAGraph: {e}") from e
+
+
+def _kernel_nodes(raw: int) -> list[int]:
+    n = c_size_t(0)
+    _call("cuGraphGetNodes", c_void_p(raw), None, byref(n))
+    nodes = (c_void_p * n.value)()
+    _call("cuGraphGetNodes", c_void_p(raw), nodes, byref(n))
+    kernels = []
+    for node in nodes:
+        kind = c_int(-1)
+        _call("cuGraphNodeGetType", c_void_p(node), byref(kind))
+        if kind.value == _KERNEL_NODE:
+            kernels.append(node)
+    return kernels
+
+
+class PriorityExec:
+    """`graph` (a torch.cuda.CUDAGraph made with keep_graph=True) instantiated again, with node priorities."""
+
+    def __init__(self, graph):
+        raw = _raw_graph(graph)
+        handle = c_void_p()
+        _call("cuGraphInstantiateWithFlags", byref(handle), c_void_p(raw), c_uint64(_USE_NODE_PRIORITY))
+        self.handle = handle.value
+        self.priorities: dict[int, int] = {}  # priority -> kernel nodes (what the capture recorded)
+        value = (ctypes.c_byte * 64)()  # CUlaunchAttributeValue; the priority is its first int
+        for node in _kernel_nodes(raw):
+            if _driver()["cuGraphKernelNodeGetAttribute"](c_void_p(node), c_int(_PRIORITY), value) == 0:
+                p = c_int.from_buffer(value).value
+                self.priorities[p] = self.priorities.get(p, 0) + 1
+
+    def launch(self, stream: int) -> None:
+        _call("cuGraphLaunch", c_void_p(self.handle), c_void_p(stream))
+
+    def __del__(self):
+        if _DRIVER is not None and getattr(self, "handle", None):
+            _DRIVER["cuGraphExecDestroy"](c_void_p(self.handle))
+
+
 class KernelNodePointers:
     """The kernel node of `graph` (a torch.cuda.CUDAGraph made with keep_graph=True, instantiated) whose
-    pointer arguments include all of `pointers`; set() gives those arguments new values in the graph's exec."""
+    pointer arguments include all of `pointers`; set() gives those arguments new values in the graph's exec
+    (`exec_`, a handle; default torch's)."""
 
-    def __init__(self, graph, pointers: list[int]):
+    def __init__(self, graph, pointers: list[int], exec_: int | None = None):
         if len(set(pointers)) != len(pointers):
             raise GraphArgsUnavailable("the pointers to patch are not distinct, so their slots are ambiguous")
-        try:
-            raw, exec_ = graph.raw_cuda_graph(), graph.raw_cuda_graph_exec()
-        except (AttributeError, RuntimeError) as e:
-            raise GraphArgsUnavailable(f"torch.cuda.CUDAGraph: {e}") from e
+        raw = _raw_graph(graph)
+        if exec_ is None:
+            try:
+                exec_ = graph.raw_cuda_graph_exec()
+            except (AttributeError, RuntimeError) as e:
+                raise GraphArgsUnavailable(f"torch.cuda.CUDAGraph: {e}") from e
         self._exec = c_void_p(exec_)
-        n = c_size_t(0)
-        _call("cuGraphGetNodes", c_void_p(raw), None, byref(n))
-        nodes = (c_void_p * n.value)()
-        _call("cuGraphGetNodes", c_void_p(raw), nodes, byref(n))
         found = []
-        for node in nodes:
-            kind = c_int(-1)
-            _call("cuGraphNodeGetType", c_void_p(node), byref(kind))
-            if kind.value != _KERNEL_NODE:
-                continue
+        for node in _kernel_nodes(raw):
             params = _KernelNodeParams()
             _call("cuGraphKernelNodeGetParams_v2", c_void_p(node), byref(params))
             if not params.func or not params.kernelParams:

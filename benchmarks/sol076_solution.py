@@ -439,6 +439,12 @@ def _on_stream(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
+# Capture the main branch on a high-priority stream (the side streams keep the default, lowest, priority) and
+# replay through an exec that keeps node priorities (graph_kernel_args.PriorityExec), so that where the side
+# branches run beside the main one the block scheduler serves the main one first. A switch so benchmarks can compare.
+NODE_PRIORITY = True
+
+
 class _StagedGraph:
     """One workload's CUDA graph: the staging kernel, then _StagedParts over the staged buffers (two streams).
 
@@ -457,17 +463,22 @@ class _StagedGraph:
         with torch.cuda.stream(side):  # a warm-up run off the capture (lazy initialisations must not be captured)
             parts(buffers, scale, fused_, sides)
         torch.cuda.current_stream().wait_stream(side)
-        self.args = None
+        self.args = self.exec = None
+        capture = torch.cuda.Stream(priority=-100) if (NODE_PRIORITY and sides) else None  # the highest there is
         try:
             self.graph = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(self.graph, pool=pool):
+            with torch.cuda.graph(self.graph, pool=pool, stream=capture):
                 srcs = sol076_stage.stage(buffers, *args)
                 self.outs = parts(buffers, scale, fused_, sides)
             self.graph.instantiate()
-            self.args = graph_kernel_args.KernelNodePointers(self.graph, [t.data_ptr() for t in srcs])
-            self.staging = "in graph"
+            if capture is not None:
+                self.exec = graph_kernel_args.PriorityExec(self.graph)
+            self.args = graph_kernel_args.KernelNodePointers(self.graph, [t.data_ptr() for t in srcs],
+                                                             self.exec.handle if self.exec else None)
+            self.staging = "in graph" + (f", node priorities {self.exec.priorities}" if self.exec else "")
         except (TypeError, graph_kernel_args.GraphArgsUnavailable) as e:
             _log.info("sol076 entry: the staging kernel runs before the graph (%s)", e)
+            self.exec = None
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool):
                 self.outs = parts(buffers, scale, fused_, sides)
@@ -479,7 +490,10 @@ class _StagedGraph:
             sol076_stage.stage(self.buffers, *args)
         else:
             self.args.set([t.data_ptr() for t in sol076_stage.sources(self.buffers, *args)])
-        self.graph.replay()
+        if self.exec is not None:
+            self.exec.launch(torch.cuda.current_stream().cuda_stream)
+        else:
+            self.graph.replay()
         return self.outs
 
 
