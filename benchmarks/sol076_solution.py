@@ -346,7 +346,7 @@ def _make_staged(mode, fused, backend, dynamic, options, side_streams: bool):
     parts = _StagedParts(compile_(_staged_recompute), compile_(_staged_gradients))
     first_call = _FirstCall(fused)
     graphs = {}  # workload key -> _StagedGraph
-    pool = []  # one memory pool for all of this entry's graphs (calls are sequential; outputs are per graph)
+    shared = []  # one memory pool and one set of streams for all of this entry's graphs (calls are sequential)
 
     def solution(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
                  scale: float = 64**-0.5):
@@ -365,9 +365,9 @@ def _make_staged(mode, fused, backend, dynamic, options, side_streams: bool):
             sol076_stage.stage(buffers, *args)
             with _recompile_limit():
                 return parts(buffers, float(scale), fused_)
-        if not pool:
-            pool.append(torch.cuda.graph_pool_handle())
-        graphs[key] = _StagedGraph(parts, buffers, args, float(scale), fused_, pool[0], side_streams)
+        if not shared:
+            shared.append(_Capture(side_streams))
+        graphs[key] = _StagedGraph(parts, buffers, args, float(scale), fused_, shared[0])
         solution.staging[key] = graphs[key].staging
         return graphs[key].outs
 
@@ -445,34 +445,44 @@ def _on_stream(stream):
 NODE_PRIORITY = True
 
 
+class _Capture:
+    """What an entry's graphs are captured with, made once per entry: a memory pool, and the streams. A stream
+    that runs a cuBLAS call gets a workspace of its own, so new streams per graph cost each workload's graph that
+    memory again. The main branch is captured on a stream of the highest priority, the sides keep the lowest."""
+
+    def __init__(self, side_streams: bool):
+        self.pool = torch.cuda.graph_pool_handle()
+        self.sides = (torch.cuda.Stream(), torch.cuda.Stream()) if side_streams else None
+        self.main = torch.cuda.Stream(priority=-100 if (NODE_PRIORITY and self.sides) else 0)  # clamped to the range
+
+
 class _StagedGraph:
     """One workload's CUDA graph: the staging kernel, then _StagedParts over the staged buffers (two streams).
 
     The staging kernel reads the caller's inputs, which move every call, so the graph's copy of that launch is
     pointed at each call's inputs before the replay (graph_kernel_args: the CUDA driver's kernel node update).
     Where that is not available (an older torch or driver), the graph holds the rest only and the staging
-    kernel is launched before each replay (one log line says so)."""
+    kernel is launched before each replay (one log line says so). The replay goes through an exec that keeps
+    the node priorities (NODE_PRIORITY), or torch's where that cannot be made (one log line)."""
 
-    def __init__(self, parts, buffers, args, scale, fused_, pool, side_streams: bool):
+    def __init__(self, parts, buffers, args, scale, fused_, capture: _Capture):
         self.buffers = buffers
         args = [t.contiguous() for t in args]  # so that the capture holds no copy kernel of the caller's tensors
         sol076_stage.stage(buffers, *args)
-        sides = (torch.cuda.Stream(), torch.cuda.Stream()) if side_streams else None
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # a warm-up run off the capture (lazy initialisations must not be captured)
-            parts(buffers, scale, fused_, sides)
-        torch.cuda.current_stream().wait_stream(side)
+        # a warm-up run off the capture, on its streams (lazy initialisations, cuBLAS workspaces among them, must
+        # not be captured)
+        capture.main.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture.main):
+            parts(buffers, scale, fused_, capture.sides)
+        torch.cuda.current_stream().wait_stream(capture.main)
         self.args = self.exec = None
-        capture = torch.cuda.Stream(priority=-100) if (NODE_PRIORITY and sides) else None  # the highest there is
         try:
             self.graph = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(self.graph, pool=pool, stream=capture):
+            with torch.cuda.graph(self.graph, pool=capture.pool, stream=capture.main):
                 srcs = sol076_stage.stage(buffers, *args)
-                self.outs = parts(buffers, scale, fused_, sides)
+                self.outs = parts(buffers, scale, fused_, capture.sides)
             self.graph.instantiate()
-            if capture is not None:
-                self.exec = graph_kernel_args.PriorityExec(self.graph)
+            self.exec = self._priority_exec() if capture.sides else None
             self.args = graph_kernel_args.KernelNodePointers(self.graph, [t.data_ptr() for t in srcs],
                                                              self.exec.handle if self.exec else None)
             self.staging = "in graph" + (f", node priorities {self.exec.priorities}" if self.exec else "")
@@ -480,10 +490,19 @@ class _StagedGraph:
             _log.info("sol076 entry: the staging kernel runs before the graph (%s)", e)
             self.exec = None
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.outs = parts(buffers, scale, fused_, sides)
+            with torch.cuda.graph(self.graph, pool=capture.pool, stream=capture.main):
+                self.outs = parts(buffers, scale, fused_, capture.sides)
             self.staging = "before the graph"
         self(args)
+
+    def _priority_exec(self):
+        if not NODE_PRIORITY:
+            return None
+        try:
+            return graph_kernel_args.PriorityExec(self.graph)
+        except graph_kernel_args.GraphArgsUnavailable as e:
+            _log.info("sol076 entry: replayed without node priorities (%s)", e)
+            return None
 
     def __call__(self, args):
         if self.args is None:
