@@ -21,7 +21,8 @@ Implementations (all in one process, per precision and workload):
   solution-bf16-staged       solution-bf16 with staged=True: the inputs cast to bf16 by one kernel into the
                              graph's own buffers (sol076_stage.py), then one replay of a CUDA graph captured
                              by hand (no graph trees: no input copies, no casts inside the graph), the
-                             independent gradient GEMMs and sums on two more streams inside it
+                             independent gradient GEMMs and sums on two low-priority streams inside it, the
+                             main branch at a higher priority (the fastest entry: 537 us "high" mean, session 14)
   solution-bf16-staged-1s    solution-bf16-staged with everything on one stream
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
                              + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
@@ -46,7 +47,7 @@ The rules (sol_execbench_076.md), per cell:
   they count). On CPU there is no profiler: wall time (perf_counter) instead of span, no peak.
 
 Run time on an H200 host (session 11: 15-20 s per compiled cell, compile included; a few s for eager): ~60 s
-per workload for the default five implementations, ~15 minutes for 16 workloads in one precision, so split
+per workload for the default five implementations (the staged entry's cells take ~5-10 s), ~15 minutes for 16 workloads in one precision, so split
 the implementations over calls. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 
   python benchmarks/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
@@ -76,7 +77,8 @@ import sol_execbench_076 as bench  # noqa: E402
 IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque",
          "solution-combo", "solution-chunked", "solution-bf16", "solution-bf16-chunked", "solution-bf16-nocg",
          "solution-bf16-staged", "solution-bf16-staged-1s")
-DEFAULT_IMPLS = ("solution", "solution-bf16") + IMPLS[1:4]
+# the fastest entry (staged), the precision-following one (solution), and the three paths they are measured against
+DEFAULT_IMPLS = ("solution-bf16-staged", "solution") + IMPLS[1:4]
 CUDAGRAPH_IMPLS = ("solution", "solution-opaque", "solution-combo", "solution-chunked", "solution-bf16",
                    "solution-bf16-chunked", "solution-bf16-staged", "solution-bf16-staged-1s",
                    "inductor-reduce-overhead", "samhq-reduce-overhead")

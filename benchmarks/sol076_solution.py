@@ -31,11 +31,12 @@ of zeros, keeping fp32 rows 16-byte aligned), and grad_output^T @ it gives [dW_p
 bf16 compute takes both bias gradients from exact fp32 sums instead, below). The QKV bias
 gradient is a column sum of dqkv, which Inductor can fuse into the kernel that assembles dqkv.
 
-make_solution(compute="bf16", staged=True) is the fastest entry (546 us mean against 629 for the graph-tree bf16
-entry, one H200 process, session 13): it owns its CUDA graph instead of using Inductor's graph trees. The graph
-starts with sol076_stage's kernel, which casts the fresh inputs into the buffers the rest reads, and before each
+make_solution(compute="bf16", staged=True) is the fastest entry (537 us "high" mean against 2195 for Inductor
+reduce-overhead, one H200 process, session 14; the graph-tree bf16 entry: 629, session 13): it owns its CUDA
+graph instead of using Inductor's graph trees. The graph starts with sol076_stage's kernel, which casts the fresh inputs into the buffers the rest reads, and before each
 replay that kernel's node is pointed at the call's inputs (graph_kernel_args), so a call is one graph launch with
-no input copy. Inside it, the projection's gradients and the last GEMMs run on two side streams (_StagedParts).
+no input copy. Inside it, the projection's gradients and the last GEMMs run on two side streams (_StagedParts), at
+a lower priority than the main branch (NODE_PRIORITY).
 
 The fused op comes in two registrations (samhq_fx/op.py): "triton_op" lets Inductor trace into the host
 function, so the fp32 kernels' operand copies (K-major q, k, v, dout, bias) become Inductor kernels that it
@@ -395,9 +396,11 @@ class _StagedParts:
     Compiled: the recompute, and the attention's gradients (dqkv, dT). Plain torch calls: the bias sums, the
     output projection's weight gradient, and the last three GEMMs (dx, dW_qkv, the tables'). Given two `sides`
     streams (the graph capture), the plain calls run beside the compiled ones wherever their inputs allow: the
-    bias sums beside the recompute, dW_proj beside the attention backward, the three last GEMMs at once. On the
-    small workloads every kernel is latency-bound and leaves most SMs idle, so this shortens the call's path
-    (7x7x1: ~20 us of ~60 us of kernels run beside others)."""
+    bias sums beside the recompute, dW_proj beside the attention backward, the three last GEMMs at once (dx's node
+    first). On the small workloads every kernel is latency-bound and leaves most SMs idle, so this shortens the
+    call's path (7x7x1: ~20 us of ~60 us of kernels run beside others). Where the side work goes matters: beside
+    the attention backward's few programs it tripled that kernel's time (7x7x1: 6.5 -> 16.5 us; session 14), and
+    the main branch runs at a higher priority than the sides (NODE_PRIORITY)."""
 
     def __init__(self, recompute, gradients):
         self.recompute, self.gradients = recompute, gradients
