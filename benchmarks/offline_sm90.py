@@ -4,6 +4,7 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, 
 
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
     python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
+    python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
     python benchmarks/offline_sm90.py gluon-fwd - - '{"P_SMEM": true, "STAGES": 3}'
     python benchmarks/offline_sm90.py gluon-dq - - '{"STAGES": 3}'
 
@@ -51,6 +52,9 @@ def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
                  RH_SELECT=False)
     overrides = dict(overrides)
     num_warps, num_stages = overrides.pop("num_warps", 4), overrides.pop("num_stages", 3)
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    if "maxnreg" in overrides:  # a register cap for ptxas, as configs.py's MAXNREG
+        options["maxnreg"] = overrides.pop("maxnreg")
     const.update(overrides)
     sig, consts, attrs = {}, {}, {}
     for i, p in enumerate(fn.arg_names):
@@ -66,8 +70,7 @@ def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
             sig[p], attrs[(i,)] = ("*fp32" if p in ("LSE", "DELTA") else f"*{dtype}"), [["tt.divisibility", 16]]
     from triton.compiler import ASTSource
 
-    return triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET,
-                          options=dict(num_warps=num_warps, num_stages=num_stages)), num_warps
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET, options=options), num_warps
 
 
 GLUON_CONSTS = ("HK", "BLOCK_M", "BLOCK_N", "D", "STAGES", "P_SMEM", "num_warps")
