@@ -10,6 +10,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
     python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
     python benchmarks/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
+    python benchmarks/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
@@ -250,6 +251,13 @@ MAXNREG_CANDS = {
 }
 
 
+# --dkdv128: bf16 dK/dV with 128-key tiles (two rows of a 64-wide grid, rel_h by selects) and 8 warps, the program an
+# ordered one-pass backward would extend (NOTES, session 14). Uncapped it fits 1 CTA per SM (154-204 registers; best
+# backward 647 us against 591 shipped at SAM-B); capped at 128 registers, 2 CTAs of 8 warps (offline, 8-byte stack)
+DKDV128_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8)]
+DKDV128_CANDS = {"dkdv": [dict(BLOCK_N=128, num_warps=8, BLOCK_M=bm, num_stages=st, RH_SELECT=True, MAXNREG=cap)
+                          for bm, st, cap in ((32, 2, 128), (32, 3, 128), (64, 3, None), (64, 2, 168))]}
+
 def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None):
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
@@ -426,6 +434,7 @@ def main():
     ap.add_argument("--fp32-occupancy", action="store_true", help="fp32 dK/dV and dQ configs with more warps per SM")
     ap.add_argument("--fp32-small-steps", action="store_true", help="fp32 dK/dV with 16-query steps, 'high' and 'highest'")
     ap.add_argument("--maxnreg", action="store_true", help="bf16 kernels with a register cap (one more CTA per SM)")
+    ap.add_argument("--dkdv128", action="store_true", help="bf16 dK/dV with 128-key tiles and 8 warps, capped or not")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
@@ -454,6 +463,8 @@ def main():
                       (args.tables, lambda: sweep_tables(results, args.tables)),
                       (args.maxnreg, lambda: print_narrow(sweep_narrow(results, "bf16", MAXNREG_SHAPES, MAXNREG_CANDS,
                                                                        "sweep_maxnreg"))),
+                      (args.dkdv128, lambda: print_narrow(sweep_narrow(results, "bf16", DKDV128_SHAPES, DKDV128_CANDS,
+                                                                       "sweep_dkdv128"))),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
