@@ -5,7 +5,6 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, 
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
     python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
-    python benchmarks/offline_sm90.py onepass bf16 - '{"num_warps": 8, "maxnreg": 128, "ACCUM": "ordered"}'
     python benchmarks/offline_sm90.py gluon-fwd - - '{"P_SMEM": true, "STAGES": 3}'
     python benchmarks/offline_sm90.py gluon-dq - - '{"STAGES": 3}'
 
@@ -30,11 +29,9 @@ from triton.backends.compiler import GPUTarget
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 try:
     from samhq_fx.kernels import backward as kb
-    from samhq_fx.kernels import backward_onepass as kop
     from samhq_fx.kernels import forward as kf
 except ImportError:  # not installed: the repo's kernels/ directory
     from kernels import backward as kb
-    from kernels import backward_onepass as kop
     from kernels import forward as kf
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -47,15 +44,12 @@ _KMAJOR_STRIDES = {"sqt_d", "sdot_d", "skt_d", "svt_d"}
 
 
 def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
-    """Compile forward.py's, backward.py's or backward_onepass.py's kernel ("fwd", "bwd", "onepass") for sm_90 with
-    SAM-B constexprs updated by `overrides`."""
-    fn = {"bwd": kb._bwd_kernel, "fwd": kf._fwd_kernel, "onepass": kop._onepass_kernel}[kernel]
+    """Compile forward.py's or backward.py's kernel for sm_90 with SAM-B constexprs updated by `overrides`."""
+    fn = kb._bwd_kernel if kernel == "bwd" else kf._fwd_kernel
     const = dict(HK=64, WK=64, D=64, DV=64, WK_PAD=64, D_PAD=64, DV_PAD=64, PREC="none" if dtype == "bf16" else "tf32",
                  KMAJOR=dtype == "fp32", PART=part, R_KV=1, BLOCK_M_KV=64 if dtype == "bf16" else 32,
                  RH_SELECT_KV=False, BIAS_T=True, R_Q=1, BLOCK_M_Q=64, RH_SELECT_Q=False, R=1, BLOCK_M=64,
-                 RH_SELECT=False, ACCUM="ordered", ROTATE=True)
-    if kernel == "onepass":  # its default: 128-key tiles, 32-query steps
-        const.update(R=2, BLOCK_M=32)
+                 RH_SELECT=False)
     overrides = dict(overrides)
     num_warps, num_stages = overrides.pop("num_warps", 4), overrides.pop("num_stages", 3)
     options = dict(num_warps=num_warps, num_stages=num_stages)
@@ -73,8 +67,7 @@ def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
         elif p in ("qk_scale", "scale"):
             sig[p] = "fp32"
         else:
-            ptr = "*i32" if p == "SEM" else "*fp32" if p in ("LSE", "DELTA", "DQ_ACC", "DRW_ACC") else f"*{dtype}"
-            sig[p], attrs[(i,)] = ptr, [["tt.divisibility", 16]]
+            sig[p], attrs[(i,)] = ("*fp32" if p in ("LSE", "DELTA") else f"*{dtype}"), [["tt.divisibility", 16]]
     from triton.compiler import ASTSource
 
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET, options=options), num_warps

@@ -11,7 +11,6 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
     python benchmarks/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
-    python benchmarks/sweep_kernels.py --onepass ordered  # the one-pass backward (or: atomic) against the shipped one
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
@@ -259,54 +258,6 @@ DKDV128_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8)]
 DKDV128_CANDS = {"dkdv": [dict(BLOCK_N=128, num_warps=8, BLOCK_M=bm, num_stages=st, RH_SELECT=True, MAXNREG=cap)
                           for bm, st, cap in ((32, 2, 128), (32, 3, 128), (64, 3, None), (64, 2, 168))]}
 
-# --onepass ACCUM: the one-pass backward experiment (kernels/backward_onepass.py: dK/dV programs that also add
-# their dQ and d_rel_w shares, "ordered" or "atomic") against the shipped backward, bf16. Per row: ms, and the
-# largest |difference| from the shipped gradients over the largest |shipped gradient| (bf16 rounding: ~1e-2);
-# "ordered" rows also say whether a second call gave the same bits.
-ONEPASS_SHAPES = [(64, 1), (64, 4), (32, 8)]
-ONEPASS_CANDS = [dict(BLOCK_N=128, BLOCK_M=bm, num_warps=8, num_stages=3, MAXNREG=cap)
-                 for bm, cap in ((32, 128), (32, None), (16, 128))] + [
-                 dict(BLOCK_N=64, BLOCK_M=32, num_warps=4, num_stages=3)]
-# session 15's second pass: the compute alone ("none") and TMA reduce-adds, the uncapped 128-key and the 64-key programs
-ONEPASS_CANDS2 = [dict(BLOCK_N=128, BLOCK_M=32, num_warps=8, num_stages=3),
-                  dict(BLOCK_N=64, BLOCK_M=32, num_warps=4, num_stages=3),
-                  dict(BLOCK_N=64, BLOCK_M=64, num_warps=4, num_stages=3)]
-
-
-def sweep_onepass(results, accum: str, shapes=ONEPASS_SHAPES, cands=ONEPASS_CANDS):
-    from samhq_fx.kernels import backward_onepass as OP
-
-    torch.set_float32_matmul_precision("highest")
-    rows = []
-    for side, batch in shapes:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, torch.bfloat16)
-        scale = D ** -0.5
-        out, lse = K.forward(q, k, v, rh, rw, scale)
-        ref = K.backward(do, q, k, v, rh, rw, out, lse, scale)
-        rows.append(dict(grid=side, batch=batch, kernel="shipped", ms=time_call(K, q, k, v, rh, rw, do, "bwd")))
-        print(rows[-1], flush=True)
-        for c in cands:
-            row = dict(grid=side, batch=batch, kernel=f"onepass-{accum}", cfg=c)
-            try:
-                call = lambda: OP.backward_onepass(do, q, k, v, rh, rw, out, lse, scale, accum=accum, cfg=c)  # noqa: E731
-                got, again = call(), call()
-                row["err"] = max(((g.float() - r.float()).abs().max() / r.float().abs().max()).item()
-                                 for g, r in zip(got, ref))
-                row["same_bits"] = all(torch.equal(a, b) for a, b in zip(got, again))
-                row["ms"] = graph_bench(call)
-            except Exception as e:  # noqa: BLE001 - a config that does not fit is a result
-                torch.cuda.synchronize()
-                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-            rows.append(row)
-            print(row, flush=True)
-    results[f"sweep_onepass_{accum}"] = rows
-    for r in rows:
-        print(f"{r['grid']}x{r['grid']}x{r['batch']} {r['kernel']:<16} {r.get('cfg', '')}: "
-              f"{r['ms'] * 1e3 if isinstance(r.get('ms'), float) else r.get('ms', r.get('error'))} us "
-              f"err {r.get('err', '')} same {r.get('same_bits', '')}")
-    return rows
-
-
 def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None):
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
@@ -484,7 +435,6 @@ def main():
     ap.add_argument("--fp32-small-steps", action="store_true", help="fp32 dK/dV with 16-query steps, 'high' and 'highest'")
     ap.add_argument("--maxnreg", action="store_true", help="bf16 kernels with a register cap (one more CTA per SM)")
     ap.add_argument("--dkdv128", action="store_true", help="bf16 dK/dV with 128-key tiles and 8 warps, capped or not")
-    ap.add_argument("--onepass", choices=("ordered", "atomic", "tma", "none"), help="the one-pass backward experiment vs shipped")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--fwd-tma", action="store_true")
@@ -515,10 +465,6 @@ def main():
                                                                        "sweep_maxnreg"))),
                       (args.dkdv128, lambda: print_narrow(sweep_narrow(results, "bf16", DKDV128_SHAPES, DKDV128_CANDS,
                                                                        "sweep_dkdv128"))),
-                      (args.onepass, lambda: sweep_onepass(results, args.onepass, ONEPASS_SHAPES[:2] if args.onepass in ("tma", "none")
-                                                          else ONEPASS_SHAPES,
-                                                          ONEPASS_CANDS2 if args.onepass in ("tma", "none")
-                                                          else ONEPASS_CANDS)),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
