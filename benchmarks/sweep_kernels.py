@@ -11,6 +11,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
     python benchmarks/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
+    python benchmarks/sweep_kernels.py --fwd-s-ahead  # the Gluon forward's s_ahead schedule (sm_90)
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
@@ -349,20 +350,27 @@ def sweep_fwd_tma(results, shapes=TMA_SHAPES):
 # (no faster: ptxas waits for the P V MMA before the softmax); P through shared memory keeps the overlap in SASS
 # and is 9% slower (session 11)
 _FWD_GLUON = [(64, 4, 3, False), (64, 4, 3, True), (64, 4, 4, True), (128, 8, 2, True), (128, 8, 3, True)]
+# session 15: the "s_ahead" schedule (BLOCK_M, NUM_WARPS, STAGES, P_SMEM, SCHEDULE, MAXNREG)
+_FWD_GLUON_S_AHEAD = [(64, 4, 3, False, "s_ahead", None), (64, 4, 3, False, "s_ahead", 168),
+                      (64, 4, 4, False, "s_ahead", 168), (64, 4, 3, False, "p_ahead", None)]
 
 
-def sweep_fwd_gluon(results, shapes=((64, 1), (64, 4))):
+def sweep_fwd_gluon(results, shapes=((64, 1), (64, 4)), variants=None):
     from samhq_fx.kernels import forward_gluon as G
 
     torch.set_float32_matmul_precision("highest")
-    rows, saved = [], (G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM)
+    variants = [v + ("p_ahead", None) for v in _FWD_GLUON] if variants is None else variants
+    names = ("BLOCK_M", "NUM_WARPS", "STAGES", "P_SMEM", "SCHEDULE", "MAXNREG")
+    rows, saved = [], tuple(getattr(G, n) for n in names)
     for side, batch in shapes:
         q, k, v, rh, rw, do = make(batch * HEADS, side, torch.bfloat16)
         row = dict(mode="bf16", grid=side, batch=batch, shipped_ms=time_call(K, q, k, v, rh, rw, do, "fwd"))
         ref_out, ref_lse = K.forward(q, k, v, rh, rw, D ** -0.5)
-        for variant in _FWD_GLUON:
-            name = "gluon-{}x{}w{}s{}".format(*variant[:3], "-psmem" if variant[3] else "")
-            G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM = variant
+        for variant in variants:
+            name = "gluon-{}x{}w{}s{}-{}{}".format(*variant[:3], "-psmem" if variant[3] else "", variant[4],
+                                                  f"-r{variant[5]}" if variant[5] else "")
+            for n, x in zip(names, variant):
+                setattr(G, n, x)
             try:
                 call = lambda: G.forward_gluon(q, k, v, rh, rw, D ** -0.5)  # noqa: E731
                 out, lse = call()
@@ -373,7 +381,8 @@ def sweep_fwd_gluon(results, shapes=((64, 1), (64, 4))):
                 torch.cuda.synchronize()
                 row[f"{name}_ms"] = f"{type(e).__name__}: {str(e)[:160]}"
             finally:
-                G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM = saved
+                for n, x in zip(names, saved):
+                    setattr(G, n, x)
         print(row, flush=True)
         rows.append(row)
     results["sweep_fwd_gluon"] = rows
@@ -440,6 +449,7 @@ def main():
     ap.add_argument("--fwd-tma", action="store_true")
     ap.add_argument("--bwd-tma", action="store_true")
     ap.add_argument("--fwd-gluon", action="store_true", help="the Gluon forward experiment's variants (sm_90)")
+    ap.add_argument("--fwd-s-ahead", action="store_true", help="the Gluon forward's s_ahead schedule (sm_90)")
     ap.add_argument("--dq-gluon", action="store_true", help="backward with the Gluon dQ (DQ_GLUON) off / on (sm_90)")
     ap.add_argument("--tables", metavar="OLD_CONFIGS_PY", help="another revision's configs.py against this one")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
@@ -469,6 +479,7 @@ def main():
                       (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
                       (args.fwd_tma, lambda: sweep_fwd_tma(results)),
                       (args.fwd_gluon, lambda: sweep_fwd_gluon(results)),
+                      (args.fwd_s_ahead, lambda: sweep_fwd_gluon(results, variants=_FWD_GLUON_S_AHEAD)),
                       (args.dq_gluon, lambda: sweep_switch(results, "DQ_GLUON", "bf16", ((64, 1), (64, 4), (64, 2)))),
                       (args.bwd_tma, lambda: [sweep_switch(results, sw, "bf16", TMA_SHAPES)
                                               for sw in ("DQ_TMA", "DKDV_TMA", "DQ_TMA+DKDV_TMA")])):

@@ -31,6 +31,16 @@ two buffers, an SS-MMA) ptxas keeps all 32 exponentials of a step between the wa
 and 3.9; tests/gluon_compile_check.py asserts it). Timed in session 11: correct (bit-identical again) and
 slower, 167.0 against 153.4 us at SAM-B (4 stages 182.5; 128 rows / 8 warps 212-294): the P store and the CTA
 barrier before the SS-MMA cost more than the overlap returns at 3 CTAs per SM. Kept off, as the record.
+
+SCHEDULE "s_ahead" (session 15) puts a shared-memory-only MMA under each softmax instead: per two key tiles,
+    S_{j+1} issue; softmax of S_j (under it); P_j V_j issue; wait (1 in flight) -> S_{j+1} done;
+    softmax of S_{j+1} (under P_j V_j); S_{j+2} issue; wait (1) -> P_j V_j done; P_{j+1} V_{j+1} issue; wait (0)
+nothing in flight across the loop's back-edge (with S_{j+1} carried over it, ptxas serialized every wgmma: C7514,
+"non wgmma instructions reading accumulator registers"). ptxas keeps this one: each softmax's 32-34 exponentials
+sit under an MMA in the SASS (tests/gluon_compile_check.py asserts it). Correct on the H200 (bit-identical to
+forward.py's out and lse again), and slower: SAM-B global 173.4 us (190 registers, 2 CTAs per SM), 164.3 (capped
+at 168: 3 CTAs), 158.0 (capped, 4 stages) against 152.0 shipped; 64x64x4 598.4 against 565.9 at best. So the
+overlap inside a warpgroup buys less than the third CTA's interleaving already gives, both ways it was written.
 """
 
 from __future__ import annotations
@@ -92,12 +102,76 @@ def _step(j, p_prev, p_smem, m_i, l_i, acc, q_smem, k_smem, v_smem, kv_bar, k_de
 
 
 @gluon.jit
+def _issue_s(t, q_smem, k_smem, kv_bar, zero_s, STAGES: gl.constexpr):
+    # S_t = Q K_t^T, asynchronous, once tile t's K and V have landed
+    mbarrier.wait(kv_bar.index(t % STAGES), (t // STAGES) & 1)
+    return warpgroup_mma(q_smem, k_smem.index(t % STAGES).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _softmax_step(s_ij, t, m_i, l_i, rw, rh_ptr, qk_scale):
+    # tile t's scores -> P (fp32), the rescale factor, and the running max / sum
+    LOG2E: gl.constexpr = 1.4426950408889634
+    rh = gl.load(rh_ptr + t).to(gl.float32) * LOG2E
+    s_ij = s_ij * qk_scale + rw + rh[:, None]
+    m_new = gl.maximum(m_i, gl.max(s_ij, 1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s_ij - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _refill(t, k_smem, v_smem, kv_bar, k_desc, v_desc, k_row, HK: gl.constexpr, STAGES: gl.constexpr,
+            BLOCK_N: gl.constexpr, kv_bytes: gl.constexpr):
+    # tile t's K and V are read no more: its slot takes tile t + STAGES
+    nxt = t + STAGES
+    if nxt < HK:
+        slot = t % STAGES
+        mbarrier.expect(kv_bar.index(slot), kv_bytes)
+        _tma_load(k_desc, [k_row + nxt * BLOCK_N, 0], kv_bar.index(slot), k_smem.index(slot))
+        _tma_load(v_desc, [k_row + nxt * BLOCK_N, 0], kv_bar.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _trip_s_ahead(j, s_j, acc, m_i, l_i, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc, rw, rh_ptr, zero_s, k_row,
+                  qk_scale, HK: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, kv_bytes: gl.constexpr,
+                  row_o: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr, LAST: gl.constexpr):
+    # SCHEDULE "s_ahead": key tiles j and j+1, entering with S_j done and no MMA in flight, leaving with S_{j+2}
+    # done and none in flight (an accumulator in flight across the loop's back-edge made ptxas serialize every
+    # wgmma: C7514). S_j's softmax runs under S_{j+1} (shared-memory operands only), S_{j+1}'s under P_j V_j.
+    s1_tok = _issue_s(j + 1, q_smem, k_smem, kv_bar, zero_s, STAGES)
+    p, alpha, m_i, l_i = _softmax_step(s_j, j, m_i, l_i, rw, rh_ptr, qk_scale)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    p_j = gl.convert_layout(p.to(dtype), p_layout)
+    o_tok = warpgroup_mma(p_j, v_smem.index(j % STAGES), acc, is_async=True)
+    s1 = warpgroup_mma_wait(num_outstanding=1, deps=(s1_tok, ))  # S_{j+1} done, P_j V_j in flight
+    p, alpha, m_i, l_i = _softmax_step(s1, j + 1, m_i, l_i, rw, rh_ptr, qk_scale)
+    if not LAST:
+        s2_tok = _issue_s(j + 2, q_smem, k_smem, kv_bar, zero_s, STAGES)
+        acc, p_j = warpgroup_mma_wait(num_outstanding=1, deps=(o_tok, p_j))  # P_j V_j done, S_{j+2} in flight
+    else:
+        acc, p_j = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_j))
+    _refill(j, k_smem, v_smem, kv_bar, k_desc, v_desc, k_row, HK, STAGES, BLOCK_N, kv_bytes)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    p_j1 = gl.convert_layout(p.to(dtype), p_layout)
+    o_tok = warpgroup_mma(p_j1, v_smem.index((j + 1) % STAGES), acc, is_async=True)
+    if not LAST:
+        s2, acc, p_j1 = warpgroup_mma_wait(num_outstanding=0, deps=(s2_tok, o_tok, p_j1))
+    else:
+        s2 = s_j
+        acc, p_j1 = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_j1))
+    _refill(j + 1, k_smem, v_smem, kv_bar, k_desc, v_desc, k_row, HK, STAGES, BLOCK_N, kv_bytes)
+    return s2, acc, m_i, l_i
+
+
+@gluon.jit
 def _fwd_gluon_kernel(
     q_desc, k_desc, v_desc, RH, RW, O, LSE,
     srh_b, srh_n, srw_b, srw_n, so_b, so_n, slse_b,
     N_Q, N_K, qk_scale,
     HK: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-    STAGES: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr, SCHEDULE: gl.constexpr = "p_ahead",
 ):
     # q_desc: [B*N_Q, D] in [BLOCK_M, D] boxes; k_desc, v_desc: [B*N_K, D] in [BLOCK_N, D] boxes (one grid row)
     # rel_h: [B, N_Q, HK] (last stride 1), rel_w: [B, N_Q, BLOCK_N], out: [B, N_Q, D], lse: [B, N_Q] fp32
@@ -145,8 +219,44 @@ def _fwd_gluon_kernel(
     rw = gl.load(RW + b * srw_b + offs_m[:, None] * srw_n + offs_n[None, :]).to(gl.float32) * LOG2E
     rh_ptr = RH + b * srh_b + offs_m * srh_n
 
-    # tile 0: S_0, its softmax, no P V yet
     mbarrier.wait(q_bar, 0)
+    if SCHEDULE == "s_ahead":  # HK even, STAGES >= 3 (unsupported_reason)
+        zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        s_j = warpgroup_mma_wait(num_outstanding=0, deps=(_issue_s(0, q_smem, k_smem, kv_bar, zero_s, STAGES), ))
+        acc = gl.zeros([BLOCK_M, D], gl.float32, layout=o_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        for j in range(0, HK - 2, 2):
+            s_j, acc, m_i, l_i = _trip_s_ahead(j, s_j, acc, m_i, l_i, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
+                                               rw, rh_ptr, zero_s, k_row, qk_scale, HK, STAGES, BLOCK_N, kv_bytes,
+                                               row_o, p_layout, dtype, False)
+        s_j, acc, m_i, l_i = _trip_s_ahead(HK - 2, s_j, acc, m_i, l_i, q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc,
+                                           rw, rh_ptr, zero_s, k_row, qk_scale, HK, STAGES, BLOCK_N, kv_bytes,
+                                           row_o, p_layout, dtype, True)
+    else:
+        m_i, l_i, acc = _p_ahead_loop(q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc, rw, rh_ptr, k_row, qk_scale,
+                                      HK, STAGES, BLOCK_M, BLOCK_N, D, kv_bytes, s_layout, o_layout, row_o, p_layout,
+                                      dtype, P_SMEM)
+    mbarrier.invalidate(q_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(kv_bar.index(s))
+
+    out = acc / gl.convert_layout(l_i, row_o)[:, None]
+    offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o)
+    offs_d = gl.arange(0, D, layout=col_o)
+    gl.store(O + b * so_b + offs_mo[:, None] * so_n + offs_d[None, :], out.to(dtype))
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(LSE + b * slse_b + offs_m, lse)
+
+
+@gluon.jit
+def _p_ahead_loop(q_smem, k_smem, v_smem, kv_bar, k_desc, v_desc, rw, rh_ptr, k_row, qk_scale,
+                  HK: gl.constexpr, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  D: gl.constexpr, kv_bytes: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  row_o: gl.constexpr, p_layout: gl.constexpr, dtype: gl.constexpr, P_SMEM: gl.constexpr):
+    # SCHEDULE "p_ahead" (the module docstring's): returns m_i, l_i and the finished acc
+    LOG2E: gl.constexpr = 1.4426950408889634
+    # tile 0: S_0, its softmax, no P V yet
     mbarrier.wait(kv_bar.index(0), 0)
     rh = gl.load(rh_ptr).to(gl.float32) * LOG2E
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
@@ -186,22 +296,17 @@ def _fwd_gluon_kernel(
     else:
         o_tok = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
-    mbarrier.invalidate(q_bar)
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(kv_bar.index(s))
-
-    out = acc / gl.convert_layout(l_i, row_o)[:, None]
-    offs_mo = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o)
-    offs_d = gl.arange(0, D, layout=col_o)
-    gl.store(O + b * so_b + offs_mo[:, None] * so_n + offs_d[None, :], out.to(dtype))
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(LSE + b * slse_b + offs_m, lse)
+    return m_i, l_i, acc
 
 
 BLOCK_M = 64
 NUM_WARPS = 4
 STAGES = 3
 P_SMEM = False  # True: the overlap in SASS, but 9% slower on the H200 (session 11; module docstring)
+# "p_ahead": the schedule above; "s_ahead": S_{j+1} under S_j's softmax, P_j V_j under S_{j+1}'s (session 15;
+# `_trip_s_ahead`), for even key-grid heights and STAGES >= 3
+SCHEDULE = "p_ahead"
+MAXNREG = None  # a register cap for ptxas: "s_ahead" holds 190 registers (2 CTAs per SM), 168 fits 3
 
 
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
@@ -218,6 +323,8 @@ def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
         return "contiguous q, k, v only"
     if rel_h.stride(2) != 1 or rel_w.stride(2) != 1:
         return "rel_h / rel_w with a contiguous last axis only"
+    if SCHEDULE == "s_ahead" and (rel_h.shape[2] % 2 or STAGES < 3):
+        return "the s_ahead schedule takes even key-grid heights and STAGES >= 3 only"
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return "Hopper (sm_90) only"
     return None
@@ -249,6 +356,7 @@ def forward_gluon(q, k, v, rel_h, rel_w, scale: float):
         q_desc, k_desc, v_desc, rel_h, rel_w, out, lse,
         rel_h.stride(0), rel_h.stride(1), rel_w.stride(0), rel_w.stride(1), out.stride(0), out.stride(1),
         lse.stride(0), n_q, k.shape[1], scale * _LOG2E,
-        HK=hk, BLOCK_M=BLOCK_M, BLOCK_N=64, D=d, STAGES=STAGES, P_SMEM=P_SMEM, num_warps=NUM_WARPS,
+        HK=hk, BLOCK_M=BLOCK_M, BLOCK_N=64, D=d, STAGES=STAGES, P_SMEM=P_SMEM, num_warps=NUM_WARPS, SCHEDULE=SCHEDULE,
+        **({"maxnreg": MAXNREG} if MAXNREG else {}),
     )
     return out, lse

@@ -213,14 +213,20 @@ def test_gluon_forward_unsupported_reason_names_the_shape():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA GPU")
-@pytest.mark.parametrize("p_smem", [False, True])
-@pytest.mark.parametrize("b,hk", [(12, 64), (2, 7), (48, 64)])
-def test_gpu_gluon_forward_matches_float64_and_forward(b, hk, p_smem, monkeypatch):
+@pytest.mark.parametrize("p_smem,schedule,maxnreg", [(False, "p_ahead", None), (True, "p_ahead", None),
+                                                     (False, "s_ahead", None), (False, "s_ahead", 168)])
+@pytest.mark.parametrize("b,hk", [(12, 64), (2, 7), (48, 64), (3, 4)])
+def test_gpu_gluon_forward_matches_float64_and_forward(b, hk, p_smem, schedule, maxnreg, monkeypatch):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon forward is for sm_90")
     from samhq_fx.kernels import forward_gluon as G
 
     monkeypatch.setattr(G, "P_SMEM", p_smem)
+    monkeypatch.setattr(G, "SCHEDULE", schedule)
+    monkeypatch.setattr(G, "MAXNREG", maxnreg)
+    if schedule == "s_ahead" and hk % 2:
+        assert "even" in G.unsupported_reason(*make_inputs(b, hk * 64, hk, 64, 64, 64, torch.bfloat16)[:5])
+        return
 
     q, k, v, rel_h, rel_w, _ = make_inputs(b, hk * 64, hk, 64, 64, 64, torch.bfloat16, seed=b + hk)
     assert G.unsupported_reason(q, k, v, rel_h, rel_w) is None
