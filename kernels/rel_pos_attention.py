@@ -77,7 +77,8 @@ _POISON_OUTPUTS = False
 # functions build TMA descriptors, which the triton_op path's traced host function cannot. Timed on the H200
 # (session 9): slower than the shipped kernels except dK/dV on 64-wide grids (-5%); benchmarks/NOTES.md.
 # FWD_GLUON: the Gluon forward (forward_gluon.py): as fast as forward.py (P in registers), 9% slower (P in
-# shared memory; sessions 10-11).
+# shared memory; sessions 10-11), 4% slower with the next tile's Q K^T under each softmax (SCHEDULE "s_ahead",
+# session 15).
 # DQ_GLUON: the Gluon dQ (backward_gluon.py), 1.55x slower on the H200 (session 11); a failed build falls back.
 FWD_TMA = False
 FWD_GLUON = False
