@@ -27,22 +27,40 @@ def tiny_vision_config(attn_implementation: str = "eager", family: str = "sam_hq
     return cfg
 
 
-def vit_b_vision_config(attn_implementation: str = "eager"):
-    """SAM-HQ ViT-B at 1024x1024: 64x64 tokens, 14x14 windows, global layers 2, 5, 8, 11."""
+# SAM's three image encoders (segment-anything's build_sam.py; SAM-HQ uses the same): 1024x1024 images, 16x16
+# patches (64x64 tokens), 14x14 windows, head dim 64, 64 for ViT-L and 80 for ViT-H.
+VIT_SIZES = {
+    "vit-b": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, global_attn_indexes=(2, 5, 8, 11)),
+    "vit-l": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, global_attn_indexes=(5, 11, 17, 23)),
+    "vit-h": dict(hidden_size=1280, num_hidden_layers=32, num_attention_heads=16, global_attn_indexes=(7, 15, 23, 31)),
+}
+
+
+def vision_config(size: str = "vit-b", attn_implementation: str = "eager"):
+    """SAM-HQ's image encoder at 1024x1024 for `size` "vit-b", "vit-l" or "vit-h" (VIT_SIZES)."""
     from transformers import SamHQVisionConfig
 
-    cfg = SamHQVisionConfig()
+    if size not in VIT_SIZES:
+        raise ValueError(f"vision_config: `size` must be one of {', '.join(VIT_SIZES)}, got {size!r}")
+    kw = VIT_SIZES[size]
+    cfg = SamHQVisionConfig(**kw, mlp_dim=4 * kw["hidden_size"])
     cfg._attn_implementation = attn_implementation
     return cfg
 
 
-def sam_hq_config(attn_implementation: str = "eager", full: bool = False):
-    """A whole SamHQModel's config: ViT-B at 1024x1024 (full), or a small one for CPU (8x8 tokens, a 3x3-window
-    layer padded to 9x9 and a global layer, a one-layer mask decoder)."""
+def vit_b_vision_config(attn_implementation: str = "eager"):
+    """SAM-HQ ViT-B at 1024x1024: 64x64 tokens, 14x14 windows, global layers 2, 5, 8, 11."""
+    return vision_config("vit-b", attn_implementation)
+
+
+def sam_hq_config(attn_implementation: str = "eager", full: bool = False, size: str = "vit-b"):
+    """A whole SamHQModel's config: `size` (VIT_SIZES) at 1024x1024 (full), or a small one for CPU (8x8 tokens, a
+    3x3-window layer padded to 9x9 and a global layer, a one-layer mask decoder)."""
     from transformers import SamHQConfig
 
     if full:
-        cfg = SamHQConfig(vision_config=vit_b_vision_config(attn_implementation).to_dict())
+        vision = vision_config(size, attn_implementation)
+        cfg = SamHQConfig(vision_config=vision.to_dict(), mask_decoder_config=dict(vit_dim=vision.hidden_size))
     else:
         vision = tiny_vision_config(
             attn_implementation, image_size=64, patch_size=8, hidden_size=64, num_attention_heads=4,
