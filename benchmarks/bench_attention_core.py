@@ -95,13 +95,13 @@ def flops(b, n, d):
     return 4 * b * n * n * d, 10 * b * n * n * d
 
 
-def make(b, side, dtype, requires_grad=False):
+def make(b, side, dtype, requires_grad=False, d=D):
     n = side * side
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s, sc=1.0: (torch.randn(*s, device="cuda", generator=g) * sc).to(dtype)  # noqa: E731
-    q, k, v = r(b, n, D), r(b, n, D), r(b, n, D)
+    q, k, v = r(b, n, d), r(b, n, d), r(b, n, d)
     rh, rw = r(b, n, side, sc=0.5), r(b, n, side, sc=0.5)
-    do = r(b, n, D)
+    do = r(b, n, d)
     for t in (q, k, v, rh, rw):
         t.requires_grad_(requires_grad)
     return q, k, v, rh, rw, do
@@ -236,11 +236,68 @@ def sol_shapes(results, modes=("bf16", "fp32-tf32"), baseline=None):
     return rows
 
 
+# SAM's encoders at 1024x1024 (samhq_fx.models.VIT_SIZES), batch 1: (name, heads, head dim); the 128 row is a
+# reference point (a head dim with no padding)
+SAM_SIZES = [("vit-b", 12, 64), ("vit-l", 16, 64), ("vit-h", 16, 80), ("d128", 16, 128)]
+SAM_LAYERS = [("global", 64, 1), ("window", 14, 25)]  # (layer, grid side, windows per image)
+
+
+def sam_sizes(results, modes=("bf16", "fp32-tf32")):
+    """Our kernels at each SAM size's global and window layers, batch 1: forward and forward + backward, each
+    its own CUDA graph; cuDNN / flash SDPA with no bias beside them (a floor: the same attention without
+    the rel-pos terms)."""
+    rows = []
+    for mode in modes:
+        dtype, prec = MODES[mode]
+        torch.set_float32_matmul_precision(prec)
+        for name, heads, d in SAM_SIZES:
+            for layer, side, windows in SAM_LAYERS:
+                b = heads * windows
+                q, k, v, rh, rw, do = make(b, side, dtype, d=d)
+                fwd, _bwd, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5)
+                row = dict(model=name, mode=mode, layer=layer, heads=heads, head_dim=d, grid=side, batch=windows,
+                           fwd_ms=graph_bench(fwd), ms=graph_bench(both))
+                f_fwd, f_bwd = flops(b, side * side, d)
+                row.update(fwd_tflops=f_fwd / row["fwd_ms"] / 1e9, tflops=(f_fwd + f_bwd) / row["ms"] / 1e9)
+                if dtype != torch.float32:
+                    q4, k4, v4 = (t.detach().view(windows, heads, side * side, d).requires_grad_() for t in (q, k, v))
+                    do4 = do.view(windows, heads, side * side, d)
+
+                    def sdpa():
+                        o = F.scaled_dot_product_attention(q4, k4, v4)
+                        return torch.autograd.grad(o, (q4, k4, v4), do4)
+
+                    try:
+                        row["sdpa_nobias_ms"] = graph_bench(sdpa)
+                    except Exception as e:  # noqa: BLE001 - a floor that cannot run is reported, not fatal
+                        row["sdpa_nobias_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+                rows.append(row)
+                print(row, flush=True)
+                del q, k, v, rh, rw, do, fwd, both
+        torch.cuda.empty_cache()
+    results["sam_sizes"] = rows
+    return rows
+
+
+def print_sam_sizes(rows):
+    print("\nSAM sizes, batch 1, ms, CUDA-graph replay (do_bench median); ratio = fwd+bwd / the same layer at head dim 64")
+    print(f"{'mode':<11}{'model':<7}{'D':>4}{'layer':>8}{'fwd':>8}{'fwd+bwd':>9}{'TFLOP/s':>8}{'sdpa nb':>8}{'vs D64':>7}")
+    for r in rows:
+        base = next((x for x in rows if x["mode"] == r["mode"] and x["layer"] == r["layer"] and x["head_dim"] == 64
+                     and x["heads"] == r["heads"]), None)
+        ratio = f"{r['ms'] / base['ms']:7.2f}" if base else "      -"
+        sd = f"{r['sdpa_nobias_ms']:8.3f}" if "sdpa_nobias_ms" in r else "       -"
+        print(f"{r['mode']:<11}{r['model']:<7}{r['head_dim']:>4}{r['layer']:>8}{r['fwd_ms']:8.3f}{r['ms']:9.3f}"
+              f"{r['tflops']:8.1f}{sd}{ratio}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
+    ap.add_argument("--sam-sizes", action="store_true",
+                    help="only the SAM sizes table: head dims 64 / 80 / 128 at the global and window layers")
     ap.add_argument("--baseline", help="a one-file kernels module (an older revision) timed beside ours on the 076 shapes")
     ap.add_argument("--warm-only", action="store_true",
                     help="run each 076 cell once (compiles into Triton's disk cache), time nothing, write nothing")
@@ -262,6 +319,12 @@ def main():
         with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
+    if args.sam_sizes:
+        results["sam_sizes"] = sam_sizes(results)
+        with open(os.path.join(args.out, "bench_attention_core_sam_sizes.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        print_sam_sizes(results["sam_sizes"])
+        return
     q, k, v, rh, rw, do = make(HEADS, 7, torch.bfloat16)
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
     results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
