@@ -1,0 +1,276 @@
+"""Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
+
+For each build (samhq with the triton_op registration, samhq with the opaque op, Inductor on HF's "eager" and
+"sdpa" attention classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), in one process:
+  wall      median over --iters calls, each call synchronized (perf_counter around call + sync);
+  GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
+            launches per call, and GPU busy = GPU / wall;
+  host ops  the same profile's CPU side: the top ops by self CPU time per call (custom ops, aten, Triton
+            launches appear as cudaLaunchKernel / cuLaunchKernelEx);
+  python    cProfile over --iters calls: the top functions by cumulative and by own time per call.
+Then the fused op's pieces at this model's attention shapes, each timed alone on the host (perf_counter over 200
+calls, one sync at the end): op dispatch, config lookup, unsupported_reason, kernels.forward / backward, an empty
+Triton launch, index_rows.
+
+  python benchmarks/tools/profile_host.py --model vit-b --dtype bf16 --batch 1 --what infer --out DIR
+  python benchmarks/tools/profile_host.py --what train ...      # forward + backward (bf16 autocast)
+Writes DIR/profile_host_<model>_<what>_<dtype>_b<batch>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+BUILDS = {
+    "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
+    "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
+    "inductor-eager": ("eager", "inductor", None),
+    "inductor-sdpa": ("sdpa", "inductor", None),
+}
+
+
+def build_encoder(model: str, attn: str, dtype: str, what: str, device):
+    """Inference in bf16 casts the model (no master weights); training keeps fp32 weights under autocast."""
+    from transformers import SamHQVisionModel
+
+    from samhq_fx.models import random_init_, vision_config
+
+    enc = random_init_(SamHQVisionModel(vision_config(model, attn)))
+    return enc.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" and what == "infer" else torch.float32)
+
+
+def make_call(enc, what: str, dtype: str, batch: int, device):
+    size = enc.config.image_size
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, size, size, generator=gen).to(device, next(enc.parameters()).dtype)
+    probe = None
+
+    def infer():
+        with torch.no_grad():
+            return enc(pixel_values=x).last_hidden_state
+
+    def train():
+        nonlocal probe
+        with torch.autocast("cuda", torch.bfloat16, enabled=dtype == "bf16"):
+            out = enc(pixel_values=x).last_hidden_state
+        if probe is None:
+            probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+        loss = (out.float() * probe).mean()
+        loss.backward()
+        for p in enc.parameters():
+            p.grad = None
+        return loss
+
+    return infer if what == "infer" else train
+
+
+def walls(call, iters: int) -> list[float]:
+    out = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def gpu_profile(call, calls: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    import common
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) * 1e3 / calls
+    recs = common.gpu_records(prof)
+    gpu_us = sum(end - start for _, start, end in recs)
+    names: dict[str, float] = {}
+    for name, start, end in recs:
+        names[name] = names.get(name, 0.0) + end - start
+    counts: dict[str, int] = {}
+    for name, _start, _end in recs:
+        counts[name] = counts.get(name, 0) + 1
+    top_gpu = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    top_count = [(n, c / calls) for n, c in sorted(counts.items(), key=lambda kv: -kv[1])[:25]]
+    cpu = [(a.key, a.count / calls, a.self_cpu_time_total / calls) for a in prof.key_averages()
+           if a.self_cpu_time_total > 0]
+    cpu.sort(key=lambda r: -r[2])
+    return {"wall_ms_profiled": wall, "gpu_ms": gpu_us / 1e3 / calls, "launches": len(recs) / calls,
+            "gpu_busy": gpu_us / 1e3 / calls / wall, "top_gpu": [(n, t / calls) for n, t in top_gpu], "top_count": top_count,
+            "top_cpu_self": [{"op": key, "count": count, "self_us": round(us, 1)} for key, count, us in cpu[:30]]}
+
+
+def py_profile(call, iters: int) -> dict:
+    pr = cProfile.Profile()
+    torch.cuda.synchronize()
+    pr.enable()
+    for _ in range(iters):
+        call()
+    torch.cuda.synchronize()
+    pr.disable()
+    st = pstats.Stats(pr)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _callers) in st.stats.items():
+        rows.append({"fn": f"{os.path.basename(file)}:{line}:{fn}", "calls": nc / iters, "own_us": tt * 1e6 / iters,
+                     "cum_us": ct * 1e6 / iters})
+    by_cum = sorted(rows, key=lambda r: -r["cum_us"])[:40]
+    by_own = sorted(rows, key=lambda r: -r["own_us"])[:40]
+    areas: dict[str, float] = {}
+    for (file, _line, _fn), (_cc, _nc, tt, _ct, _callers) in st.stats.items():
+        areas[_area(file)] = areas.get(_area(file), 0.0) + tt * 1e6 / iters
+    return {"by_cum": by_cum, "by_own": by_own, "own_us_by_area": dict(sorted(areas.items(), key=lambda kv: -kv[1]))}
+
+
+def _area(file: str) -> str:
+    """Which layer a Python function belongs to, for the own-time breakdown."""
+    for key in ("samhq_fx", "kernels/", "patterns/", "torch/_inductor/runtime", "torch/_inductor", "torch/_dynamo",
+                "torch/_library", "torch/_ops", "torch/autograd", "torch/cuda", "torch/utils", "triton/", "transformers"):
+        if key in file:
+            return key.rstrip("/")
+    return "builtins/C" if file.startswith("~") or file == "" else "other: " + os.path.basename(file)
+
+
+@triton.jit
+def _empty(X, n, BLOCK: tl.constexpr):
+    pass
+
+
+def attention_shapes(enc, batch: int):
+    """(B*heads, N, D, grid) of the encoder's window and global layers."""
+    cfg = enc.config
+    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    g = cfg.image_size // cfg.patch_size
+    w = cfg.window_size
+    n_win = (-(-g // w)) ** 2  # windows per image (the grid padded to whole windows)
+    return {"window": (batch * n_win * heads, w, d), "global": (batch * heads, g, d)}
+
+
+def op_pieces(enc, batch: int, dtype) -> list[dict]:
+    """Host time of the fused op's pieces at the model's attention shapes (the GPU work is small or queued)."""
+    from samhq_fx.kernels import rel_pos_attention as K
+
+    _empty_kernel = _empty
+
+    def host_us(fn, n=200):
+        fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host = (time.perf_counter() - t) * 1e6 / n
+        torch.cuda.synchronize()
+        return host
+
+    rows = []
+    x0 = torch.empty(16, device="cuda")
+    rows.append({"piece": "empty Triton launch (3 args)",
+                 "us": host_us(lambda: _empty_kernel[(1,)](x0, 16, BLOCK=16))})
+    for kind, (bh, g, d) in attention_shapes(enc, batch).items():
+        n = g * g
+        q, k, v = (torch.randn(bh, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        rh, rw = (torch.randn(bh, n, g, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+        s = d ** -0.5
+        out, lse = torch.ops.samhq.rel_pos_attention(q, k, v, rh, rw, s)
+        dout = torch.randn_like(out)
+        pre = f"{kind} {bh}x{g}x{g}x{d}"
+        rows.append({"piece": f"{pre}: unsupported_reason", "us": host_us(lambda: K.unsupported_reason(q, k, v, rh, rw))})
+        rows.append({"piece": f"{pre}: config lookup (3 kernels)", "us": host_us(lambda: [
+            K._config(kn, dtype, "none", K._pad(d), K._pad(d), g, bh * n) for kn in ("fwd", "dq", "dkdv")])})
+        rows.append({"piece": f"{pre}: kernels.forward", "us": host_us(lambda: K.forward(q, k, v, rh, rw, s))})
+        rows.append({"piece": f"{pre}: kernels.backward", "us": host_us(
+            lambda: K.backward(dout, q, k, v, rh, rw, out, lse, s))})
+        rows.append({"piece": f"{pre}: samhq::rel_pos_attention (opaque op)",
+                     "us": host_us(lambda: torch.ops.samhq.rel_pos_attention(q, k, v, rh, rw, s))})
+        rows.append({"piece": f"{pre}: samhq::rel_pos_attention_backward (opaque op)", "us": host_us(
+            lambda: torch.ops.samhq.rel_pos_attention_backward(dout, q, k, v, rh, rw, out, lse, s))})
+        table = torch.randn(2 * g - 1, d, device="cuda", dtype=dtype)
+        idx = (torch.arange(g)[:, None] - torch.arange(g)[None, :] + g - 1).cuda()
+        rows.append({"piece": f"{pre}: samhq::index_rows", "us": host_us(lambda: torch.ops.samhq.index_rows(table, idx))})
+        rows.append({"piece": f"{pre}: table[idx] (aten)", "us": host_us(lambda: table[idx])})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="vit-b")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "tf32"))
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--what", default="infer", choices=("infer", "train"))
+    ap.add_argument("--builds", default=",".join(BUILDS))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--pieces", action="store_true", help="also time the fused op's pieces")
+    args = ap.parse_args()
+    torch.set_float32_matmul_precision("high")
+    device = torch.device("cuda")
+    from torch._dynamo.utils import counters
+
+    result = {"args": vars(args), "torch": torch.__version__, "triton": triton.__version__, "builds": {}}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"profile_host_{args.model}_{args.what}_{args.dtype}_b{args.batch}.json")
+    for name in args.builds.split(","):
+        attn, backend, options = BUILDS[name]
+        torch._dynamo.reset()
+        counters.clear()
+        enc = build_encoder(args.model, attn, args.dtype, args.what, device)
+        kw = {"backend": backend}
+        if options:
+            kw["options"] = options
+        fn = torch.compile(enc, **kw)
+        call = make_call(fn, args.what, args.dtype, args.batch, device)
+        t = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t
+        for _ in range(3):
+            call()
+        w = walls(call, args.iters)
+        row = {"wall_ms": statistics.median(w), "compile_s": compile_s, "fused": counters["samhq"]["fused"],
+               "graph_breaks": sum(counters["graph_break"].values())}
+        row.update(gpu_profile(call))
+        row["host_ms"] = row["wall_ms"] - row["gpu_ms"]
+        row["python"] = py_profile(call, args.iters)
+        result["builds"][name] = row
+        print(f"{name:16s} wall {row['wall_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy "
+              f"{100 * row['gpu_busy']:4.0f}%  launches {row['launches']:6.0f}  fused {row['fused']}", flush=True)
+        if args.pieces and name == "samhq":
+            result["pieces"] = op_pieces(enc, args.batch, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+        del fn, enc, call
+        with open(path, "w") as f:  # after every build: a later one that fails or runs out of time loses nothing
+            json.dump(result, f, indent=1, default=str)
+    for p in result.get("pieces", []):
+        print(f"  {p['us']:8.1f} us  {p['piece']}")
+    for name, row in result["builds"].items():
+        print(f"--- {name}: Python own time by area (us/call): " + ", ".join(
+            f"{k} {v:.0f}" for k, v in list(row["python"]["own_us_by_area"].items())[:10]))
+        print(f"--- {name}: GPU records by count (per call): " + "; ".join(
+            f"{n[:50]} x{c:.0f}" for n, c in row["top_count"][:15]))
+        print(f"--- {name}: top CPU self (us/call)")
+        for r in row["top_cpu_self"][:12]:
+            print(f"  {r['self_us']:8.1f}  x{r['count']:<6.0f} {r['op'][:90]}")
+        print(f"--- {name}: top Python cumulative (us/call)")
+        for r in row["python"]["by_cum"][:25]:
+            print(f"  {r['cum_us']:8.1f} own {r['own_us']:7.1f} x{r['calls']:<5.0f} {r['fn'][:90]}")
+
+
+if __name__ == "__main__":
+    main()
