@@ -94,24 +94,48 @@ def test_other_index_forms_stay_on_the_host():
     assert move_host_indices(gm.graph) == 0
 
 
+@pytest.mark.parametrize("opaque_backward", [False, True])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_index_rows_matches_indexing_with_repeated_rows(compiled):
-    # the rel-pos index: (i - j + k - 1), each table row gathered many times; forward and table gradient equal
-    # plain indexing's bit for bit (same index_put_ accumulation), eager and inside an Inductor graph
-    import samhq_fx.index_rows  # noqa: F401
+def test_index_rows_matches_indexing_with_repeated_rows(compiled, opaque_backward, monkeypatch):
+    # the rel-pos index: (i - j + k - 1), each table row gathered many times. The forward equals plain indexing bit
+    # for bit; the table gradient equals index_put_'s sum (exactly on integer-valued gradients, where no order of
+    # summation rounds), eager and inside an Inductor graph, through the masked sum and the sort-based fallback
+    import samhq_fx.index_rows as ir
 
+    if opaque_backward:
+        monkeypatch.setattr(ir, "MASKED_SUM_LIMIT", 0)
     idx = (torch.arange(6)[:, None] - torch.arange(6)[None, :] + 5).long()
     table = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
-    grad = torch.randn(6, 6, 8, dtype=torch.float64)
     fn = torch.ops.samhq.index_rows
     if compiled:
         fresh_compile_state()
         fn = torch.compile(lambda t, i: torch.ops.samhq.index_rows(t, i) * 2.0, fullgraph=True)
     got = fn(table, idx)
-    (g_got,) = torch.autograd.grad(got, table, grad)
     want = table[idx] * (2.0 if compiled else 1.0)
-    (g_want,) = torch.autograd.grad(want, table, grad)
-    assert torch.equal(got, want) and torch.equal(g_got, g_want)
+    assert torch.equal(got, want)
+    for grad in (torch.randint(-50, 50, (6, 6, 8)).double(), torch.randn(6, 6, 8, dtype=torch.float64)):
+        (g_got,) = torch.autograd.grad(got, table, grad, retain_graph=True)
+        (g_want,) = torch.autograd.grad(want, table, grad, retain_graph=True)
+        if grad.eq(grad.round()).all():
+            assert torch.equal(g_got, g_want)
+        torch.testing.assert_close(g_got, g_want, rtol=1e-12, atol=1e-12)
+        (g_again,) = torch.autograd.grad(got, table, grad, retain_graph=True)
+        assert torch.equal(g_again, g_got)  # deterministic
+
+
+def test_index_rows_backward_keeps_negative_indices_and_non_finite_rows():
+    # table[-1] is the last row in the gradient too; an inf gradient lands in its own row only (a one-hot product
+    # would spread NaN over every row)
+    import samhq_fx.index_rows  # noqa: F401
+
+    table = torch.randn(5, 3, requires_grad=True)
+    idx = torch.tensor([[0, -1], [2, 4]])
+    grad = torch.ones(2, 2, 3)
+    grad[1, 0, 1] = float("inf")  # row 2
+    (g,) = torch.autograd.grad(torch.ops.samhq.index_rows(table, idx), table, grad)
+    (want,) = torch.autograd.grad(table[idx], table, grad)
+    assert torch.equal(g, want)
+    assert torch.isinf(g[2, 1]) and torch.isfinite(g[[0, 1, 3, 4]]).all()
 
 
 def test_option_and_env_var(monkeypatch):
