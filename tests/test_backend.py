@@ -133,7 +133,7 @@ def test_mode_errors_name_what_conflicts(monkeypatch):
     assert seen["max_autotune"] is True and "triton.cudagraphs" not in seen
     seen.clear()
     samhq_backend(gm, x, options={"samhq.mode": "default", "epilogue_fusion": False})
-    assert seen.keys() == {"epilogue_fusion", "pre_grad_custom_pass"}
+    assert seen.keys() - {"static_launch_user_defined_triton_kernels"} == {"epilogue_fusion", "pre_grad_custom_pass"}
 
 
 def test_readme_never_passes_mode_with_options():
@@ -434,3 +434,15 @@ def test_inference_mode_uses_the_fused_forward():
         out = torch.compile(model, backend="samhq", options=FAST)(x).last_hidden_state
     assert counters["samhq"]["fused"] == 2
     assert rel_err(out, ref) < 1e-5
+
+
+def test_user_kernels_launch_statically_unless_the_user_says_otherwise():
+    # the fused op's kernels (triton_op registration) go through Inductor's static launcher, as its own do
+    from samhq_fx.backend import launch_user_kernels_statically
+
+    patches = {}
+    launch_user_kernels_statically(patches)
+    assert patches == {"static_launch_user_defined_triton_kernels": True}
+    patches = {"static_launch_user_defined_triton_kernels": False}
+    launch_user_kernels_statically(patches)
+    assert patches == {"static_launch_user_defined_triton_kernels": False}
