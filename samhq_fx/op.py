@@ -42,7 +42,7 @@ try:
 except ImportError:  # pragma: no cover
     _set_wrap_triton_enabled = None
 
-_warned: set[str] = set()
+_warned: set[tuple[int, str]] = set()
 
 _FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, float scale) -> (Tensor, Tensor)"
 _BWD_SCHEMA = (
@@ -64,15 +64,19 @@ def _kernel_skip_reason(q, k, v, rel_h, rel_w) -> str | None:
     return _kernels.unsupported_reason(q, k, v, rel_h, rel_w)
 
 
-def _log_once(msg: str) -> None:
-    # One log line per distinct message, not one per call.
-    if msg not in _warned:
-        _warned.add(msg)
-        log.info("samhq_fx: %s", msg)
+def _log_once(msg: str, level: int = logging.INFO) -> None:
+    # One log line per distinct message and level, not one per call.
+    if (level, msg) not in _warned:
+        _warned.add((level, msg))
+        log.log(level, "samhq_fx: %s", msg)
 
 
-def _note_fallback(reason: str) -> None:
-    _log_once(f"rel_pos_attention uses the reference implementation ({reason})")
+def _note_fallback(reason: str, device: torch.device) -> None:
+    """Say once per reason that the reference runs. On CUDA that is a WARNING: the user asked for the fused
+    kernels and gets the slow path (a shape, dtype or GPU they do not cover); on other devices the reference is
+    the expected path, so INFO."""
+    level = logging.WARNING if device.type == "cuda" else logging.INFO
+    _log_once(f"rel_pos_attention uses the reference implementation ({reason})", level)
 
 
 # --- reference path: opaque custom ops --------------------------------------------------------
@@ -160,7 +164,7 @@ def _fwd_impl(
     if reason is None:
         kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale)  # noqa: E731
         return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "forward")
-    _note_fallback(reason)
+    _note_fallback(reason, q.device)
     return reference_call()
 
 

@@ -145,6 +145,37 @@ def test_kernel_failure_falls_back_to_reference_with_one_warning(monkeypatch, ca
     assert caplog.text.count("Triton kernel failed") == 2
 
 
+def test_fallback_on_cuda_warns_once_per_reason(monkeypatch, caplog):
+    # A CUDA caller asked for the fused kernels: the slow reference must be visible at the default log level.
+    # No GPU needed: the level is decided from the device alone.
+    from samhq_fx import op
+
+    monkeypatch.setattr(op, "_warned", set())
+    cuda = torch.device("cuda", 0)
+    with caplog.at_level("INFO", logger="samhq_fx"):
+        for _ in range(3):
+            op._note_fallback("head dim above 128", cuda)
+        op._note_fallback("key grid width 200 above 128", cuda)
+    records = [r for r in caplog.records if "reference implementation" in r.getMessage()]
+    assert [r.levelname for r in records] == ["WARNING", "WARNING"]  # once per distinct reason
+    assert "head dim above 128" in records[0].getMessage()
+    assert "key grid width 200" in records[1].getMessage()
+
+
+def test_fallback_on_cpu_stays_info(monkeypatch, caplog):
+    # On CPU the reference is the expected path: one INFO line, never a warning, however often the op runs.
+    from samhq_fx import op
+
+    monkeypatch.setattr(op, "_warned", set())
+    inputs = rand_inputs(2, (3, 4), (3, 4), 8, seed=7)
+    with caplog.at_level("INFO", logger="samhq_fx"):
+        for _ in range(3):
+            samhq_fx.rel_pos_attention(*inputs, scale=0.3)
+    records = [r for r in caplog.records if "reference implementation" in r.getMessage()]
+    assert [r.levelname for r in records] == ["INFO"]
+    assert "cpu" in records[0].getMessage()
+
+
 def test_backward_kernel_failure_keeps_the_forward_kernel(monkeypatch):
     # A backward that does not fit must not move the forward to the reference mid-run: its output bits
     # would change between the first step and the next.
