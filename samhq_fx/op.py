@@ -33,9 +33,13 @@ try:  # Triton (and with it the kernels) exists on Linux; elsewhere the referenc
     from .kernels import rel_pos_attention as _kernels
     from .kernels import rel_pos_tables as _tables
     from torch.library import triton_op as _define_op
-except ImportError:  # pragma: no cover - exercised only where triton is missing
+
+    _KERNELS_MISSING = None
+except ImportError as e:  # pragma: no cover - exercised only where the import fails (tests/test_op.py, a subprocess)
     _kernels = _tables = None
     _define_op = None
+    # what failed, not a guess: a missing triton, a triton too old for an import the kernels make, a broken install
+    _KERNELS_MISSING = f"the Triton kernels failed to import ({type(e).__name__}: {e})"
 
 try:
     from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton_enabled
@@ -58,7 +62,7 @@ def _direct_triton_launch():
 def _kernel_skip_reason(q, k, v, rel_h, rel_w) -> str | None:
     """None if the Triton kernels take this call; otherwise why the reference runs instead."""
     if _kernels is None:
-        return "triton is not installed"
+        return _KERNELS_MISSING
     if q.device.type != "cuda":
         return f"no kernel for device {q.device.type}"
     return _kernels.unsupported_reason(q, k, v, rel_h, rel_w)
@@ -250,7 +254,7 @@ def fused_op(triton_op: bool):
     if triton_op and HAS_INDUCTOR_VARIANT:
         return torch.ops.samhq.rel_pos_attention_inductor.default
     if triton_op:
-        _log_once("samhq.triton_op needs triton; using the opaque op")
+        _log_once(f"samhq.triton_op needs the Triton kernels, and {_KERNELS_MISSING}; using the opaque op")
     return torch.ops.samhq.rel_pos_attention.default
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -174,6 +178,34 @@ def test_fallback_on_cpu_stays_info(monkeypatch, caplog):
     records = [r for r in caplog.records if "reference implementation" in r.getMessage()]
     assert [r.levelname for r in records] == ["INFO"]
     assert "cpu" in records[0].getMessage()
+
+
+_NO_TRITON = """
+import sys
+
+class NoTriton:  # as if triton were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTriton())
+import torch
+from samhq_fx import op
+
+q, rh = torch.zeros(1, 4, 8), torch.zeros(1, 4, 2)
+print(op._kernel_skip_reason(q, q, q, rh, rh))
+print(op.HAS_INDUCTOR_VARIANT)
+"""
+
+
+def test_kernel_import_failure_names_what_failed():
+    # The reason the reference runs says which import failed and how, not a guess at the cause.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _NO_TRITON], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reason, has_variant = proc.stdout.strip().splitlines()[-2:]
+    assert reason == "the Triton kernels failed to import (ModuleNotFoundError: No module named 'triton')", reason
+    assert has_variant == "False"
 
 
 def test_backward_kernel_failure_keeps_the_forward_kernel(monkeypatch):
