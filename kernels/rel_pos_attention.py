@@ -38,12 +38,12 @@ torch.get_float32_matmul_precision() as PyTorch's matmuls do ("highest" -> 3-pas
 "high" and "medium" -> TF32). Accumulators and softmax statistics are fp32. "medium" is TF32, not
 bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA in "medium" (cuBLAS has no
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
-the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, session 3).
+the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, 2026-11-30).
 
 Operand layout (fp32): TF32 tensor-core products read both operands K-major, so the host passes V, K, Q,
 dout (and the dK/dV bias) a second time, transposed and zero-padded to whole tiles (`_keys_kmajor`,
 `_queries_kmajor`): every tile then arrives as 16-byte vectors. Without them Triton filled shared memory
-4 bytes at a time and the fp32 kernels were load-bound (benchmarks/NOTES.md, session 4).
+4 bytes at a time and the fp32 kernels were load-bound (benchmarks/NOTES.md; 78b6907).
 
 All launches go through torch.library.wrap_triton and host functions only allocate, copy (torch ops) and launch, so
 they can run inside a torch.library.triton_op traced by Inductor with fake tensors.
@@ -108,7 +108,7 @@ def _launch_options(cfg: dict) -> dict:
 # fp32 operands: TF32 wgmma reads both operands K-major from shared memory (only 16-bit types may be
 # transposed), so a B operand whose contiguous axis is not the reduction axis (V in P @ V, dO and Q in
 # the dV / dK products, K in dS @ K) was copied into shared memory 4 bytes at a time, with 8-way bank
-# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/NOTES.md, session 4). The host
+# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/NOTES.md; 78b6907). The host
 # hands those operands over a second time, transposed, so the kernels read them as 16-byte vectors.
 # Costs one extra read and write of q, k, v and dout per call. A knob so benchmarks can compare.
 KMAJOR_FP32 = True

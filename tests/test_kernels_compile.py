@@ -30,7 +30,7 @@ def test_kernels_compile_for_sm90_with_inductor_argument_types():
 
 
 def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
-    # session 10: at the old 4 stages the fp32 dK/dV needed 190 KB of shared memory, one CTA of 4 warps per SM, and
+    # 93a1135: at the old 4 stages the fp32 dK/dV needed 190 KB of shared memory, one CTA of 4 warps per SM, and
     # the backward was 1.2x slower; a table change that brings that back should fail here, not on the H200
     pytest.importorskip("triton.backends.nvidia")
     from samhq_fx.kernels import configs
