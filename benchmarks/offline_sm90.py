@@ -5,9 +5,6 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, 
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
     python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
-    python benchmarks/offline_sm90.py gluon-fwd - - '{"P_SMEM": true, "STAGES": 3}'
-    python benchmarks/offline_sm90.py gluon-fwd - - '{"SCHEDULE": "s_ahead", "STAGES": 4, "maxnreg": 168}'
-    python benchmarks/offline_sm90.py gluon-dq - - '{"STAGES": 3}'
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
 (HK, WK, WK_PAD, R / R_KV / R_Q, BLOCK_M / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means
@@ -74,70 +71,6 @@ def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=TARGET, options=options), num_warps
 
 
-GLUON_CONSTS = ("HK", "BLOCK_M", "BLOCK_N", "D", "STAGES", "P_SMEM", "num_warps", "SCHEDULE")
-
-
-def compile_gluon_forward(block_m=64, num_warps=4, stages=3, hk=64, p_smem=False, schedule="p_ahead", maxnreg=None):
-    """Compile forward_gluon.py's kernel (bf16, head dim 64, 64-wide grid) for sm_90."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    try:
-        from samhq_fx.kernels import forward_gluon as G
-    except ImportError:
-        from kernels import forward_gluon as G
-    fn = G._fwd_gluon_kernel
-    q_l = gl.NVMMASharedLayout.get_default_for([block_m, 64], gl.bfloat16)
-    kv_l = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    values = dict(HK=hk, BLOCK_M=block_m, BLOCK_N=64, D=64, STAGES=stages, P_SMEM=p_smem, num_warps=num_warps,
-                  SCHEDULE=schedule)
-    sig = {}
-    for p in fn.arg_names:
-        if p == "q_desc":
-            sig[p] = f"tensordesc<bf16[{block_m}, 64],{q_l!r}>"
-        elif p in ("k_desc", "v_desc"):
-            sig[p] = f"tensordesc<bf16[64, 64],{kv_l!r}>"
-        elif p in GLUON_CONSTS:
-            sig[p] = "constexpr"
-        else:
-            sig[p] = {"RH": "*bf16", "RW": "*bf16", "O": "*bf16", "LSE": "*fp32", "qk_scale": "fp32"}.get(p, "i32")
-    consts = {(fn.arg_names.index(p),): values[p] for p in GLUON_CONSTS}
-    options = dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return triton.compile(GluonASTSource(fn, sig, consts, {}), target=TARGET, options=options)
-
-
-def compile_gluon_dq(block_m=64, num_warps=4, stages=3, hk=64):
-    """Compile backward_gluon.py's dQ kernel (bf16, head dim 64, 64-wide grid) for sm_90."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    try:
-        from samhq_fx.kernels import backward_gluon as BG
-    except ImportError:
-        from kernels import backward_gluon as BG
-    fn = BG._dq_gluon_kernel
-    q_l = gl.NVMMASharedLayout.get_default_for([block_m, 64], gl.bfloat16)
-    kv_l = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    values = dict(HK=hk, BLOCK_M=block_m, BLOCK_N=64, D=64, STAGES=stages, num_warps=num_warps)
-    names = tuple(values)
-    sig = {}
-    for p in fn.arg_names:
-        if p in ("q_desc", "do_desc"):
-            sig[p] = f"tensordesc<bf16[{block_m}, 64],{q_l!r}>"
-        elif p in ("k_desc", "v_desc"):
-            sig[p] = f"tensordesc<bf16[64, 64],{kv_l!r}>"
-        elif p in names:
-            sig[p] = "constexpr"
-        elif p in ("LSE", "DELTA"):
-            sig[p] = "*fp32"
-        elif p in ("qk_scale", "scale"):
-            sig[p] = "fp32"
-        else:
-            sig[p] = "*bf16" if p in ("O", "DO", "RH", "RW", "DQ", "DRH", "DRW") else "i32"
-    consts = {(fn.arg_names.index(p),): values[p] for p in names}
-    return triton.compile(GluonASTSource(fn, sig, consts, {}), target=TARGET, options=dict(num_warps=num_warps))
-
-
 def sass(cubin: bytes, *flags: str) -> str:
     """cuobjdump's output for a cubin (Triton's bundled binary)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -162,20 +95,6 @@ def exps_between_waits(cubin: bytes) -> list[int]:
     return counts
 
 
-def exps_after_partial_waits(cubin: bytes) -> list[int]:
-    """Per 'wait until 1 MMA in flight' of the SASS: MUFU.EX2 before the next wait of any kind (the softmax that
-    runs under the MMA left in flight; forward_gluon's s_ahead schedule)."""
-    counts, n = [], None
-    for op in re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[0-9a-f]+|MUFU\.EX2", sass(cubin, "-sass")):
-        if op.startswith("WARPGROUP"):
-            if n is not None:
-                counts.append(n)
-            n = 0 if op.endswith("0x1") else None
-        elif n is not None:
-            n += 1
-    return counts
-
-
 def report(compiled, num_warps: int) -> dict:
     """Registers, local memory (spills), shared memory, CTAs per SM by each limit, wgmma waits and overlap."""
     usage = re.search(r"REG:(\d+) STACK:(\d+).*?LOCAL:(\d+)", sass(compiled.asm["cubin"], "-res-usage"), re.S)
@@ -186,8 +105,7 @@ def report(compiled, num_warps: int) -> dict:
     return dict(registers=regs, stack=stack, local=local, shared=smem, ctas_per_sm=min(limits.values()),
                 ctas_by_limit=limits, wgmma=compiled.asm["ptx"].count("wgmma.mma_async"),
                 waits=re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", compiled.asm["ptx"]),
-                exps_between_waits=exps_between_waits(compiled.asm["cubin"]),
-                exps_after_partial_waits=exps_after_partial_waits(compiled.asm["cubin"]))
+                exps_between_waits=exps_between_waits(compiled.asm["cubin"]))
 
 
 def main(argv=None) -> None:
@@ -196,17 +114,7 @@ def main(argv=None) -> None:
         raise SystemExit(__doc__)
     kernel, dtype, part = args[:3]
     overrides = json.loads(args[3]) if len(args) > 3 else {}
-    if kernel == "gluon-fwd":
-        num_warps = overrides.get("num_warps", 4)
-        compiled = compile_gluon_forward(overrides.get("BLOCK_M", 64), num_warps, overrides.get("STAGES", 3),
-                                         overrides.get("HK", 64), overrides.get("P_SMEM", False),
-                                         overrides.get("SCHEDULE", "p_ahead"), overrides.get("maxnreg"))
-    elif kernel == "gluon-dq":
-        num_warps = overrides.get("num_warps", 4)
-        compiled = compile_gluon_dq(overrides.get("BLOCK_M", 64), num_warps, overrides.get("STAGES", 3),
-                                    overrides.get("HK", 64))
-    else:
-        compiled, num_warps = compile_tl(kernel, dtype, part, overrides)
+    compiled, num_warps = compile_tl(kernel, dtype, part, overrides)
     print(json.dumps(report(compiled, num_warps)))
 
 

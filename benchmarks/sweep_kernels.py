@@ -11,11 +11,8 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
     python benchmarks/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
-    python benchmarks/sweep_kernels.py --fwd-s-ahead  # the Gluon forward's s_ahead schedule (sm_90)
     python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
     python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
-    python benchmarks/sweep_kernels.py --fwd-tma   # bf16 forward: kernels/forward_tma.py (TMA, warp-specialized) vs shipped
-    python benchmarks/sweep_kernels.py --bwd-tma   # bf16 backward with DQ_TMA, DKDV_TMA, both off / on (backward_tma.py)
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -292,7 +289,7 @@ def print_narrow(rows):
 
 
 def sweep_switch(results, knob_name: str, mode: str, shapes=SOL):
-    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT, DQ_TMA, ...; "A+B" for both) off / on, forward and backward, per shape
+    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT; "A+B" for both) off / on, forward and backward, per shape
     (default every 076 shape)."""
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
@@ -309,84 +306,6 @@ def sweep_switch(results, knob_name: str, mode: str, shapes=SOL):
     results[f"sweep_{knob_name}"] = rows
     return rows
 
-
-# --fwd-tma: the TMA / warp-specialized forward experiment (kernels/forward_tma.py) against the shipped
-# forward, bf16, on the SAM-B global layer and the 076 grids it takes (sides multiple of 8). Variants:
-# (name, block_m, num_warps, ws). The error column is max |out - shipped out| (bf16 rounding is ~1e-2).
-# "tma-bm64" is the shipped block (64 queries, 4 warps) with TMA loads: the loads' share of any difference
-_FWD_TMA = [("tma-bm64", 64, 4, False), ("tma", 128, 8, False), ("tma-ws", 128, 4, True)]
-
-
-TMA_SHAPES = ((64, 1),) + tuple(s for s in SOL if s[0] % 8 == 0)  # SAM-B global, then the 076 grids they take
-
-
-def sweep_fwd_tma(results, shapes=TMA_SHAPES):
-    from samhq_fx.kernels import forward_tma as T
-
-    torch.set_float32_matmul_precision("highest")
-    rows = []
-    for side, batch in shapes:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, torch.bfloat16)
-        row = dict(mode="bf16", grid=side, batch=batch, shipped_ms=time_call(K, q, k, v, rh, rw, do, "fwd"))
-        ref_out, ref_lse = K.forward(q, k, v, rh, rw, D ** -0.5)
-        for name, bm, warps, ws in _FWD_TMA:
-            try:
-                call = lambda: T.forward_tma(q, k, v, rh, rw, D ** -0.5, block_m=bm, num_warps=warps, ws=ws)  # noqa: E731
-                out, lse = call()
-                row[f"{name}_err"] = max((out.float() - ref_out.float()).abs().max().item(),
-                                         (lse - ref_lse).abs().max().item())
-                row[f"{name}_ms"] = graph_bench(call)
-            except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
-                torch.cuda.synchronize()
-                row[f"{name}_ms"] = f"{type(e).__name__}: {str(e)[:160]}"
-        print(row, flush=True)
-        rows.append(row)
-    results["sweep_fwd_tma"] = rows
-    return rows
-
-
-# --fwd-gluon: the Gluon forward experiment (kernels/forward_gluon.py) against the shipped forward, bf16, on the
-# 64-wide grids it takes. Variants (block_m, num_warps, stages, p_smem); session 10 timed the register-P ones
-# (no faster: ptxas waits for the P V MMA before the softmax); P through shared memory keeps the overlap in SASS
-# and is 9% slower (session 11)
-_FWD_GLUON = [(64, 4, 3, False), (64, 4, 3, True), (64, 4, 4, True), (128, 8, 2, True), (128, 8, 3, True)]
-# session 15: the "s_ahead" schedule (BLOCK_M, NUM_WARPS, STAGES, P_SMEM, SCHEDULE, MAXNREG)
-_FWD_GLUON_S_AHEAD = [(64, 4, 3, False, "s_ahead", None), (64, 4, 3, False, "s_ahead", 168),
-                      (64, 4, 4, False, "s_ahead", 168), (64, 4, 3, False, "p_ahead", None)]
-
-
-def sweep_fwd_gluon(results, shapes=((64, 1), (64, 4)), variants=None):
-    from samhq_fx.kernels import forward_gluon as G
-
-    torch.set_float32_matmul_precision("highest")
-    variants = [v + ("p_ahead", None) for v in _FWD_GLUON] if variants is None else variants
-    names = ("BLOCK_M", "NUM_WARPS", "STAGES", "P_SMEM", "SCHEDULE", "MAXNREG")
-    rows, saved = [], tuple(getattr(G, n) for n in names)
-    for side, batch in shapes:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, torch.bfloat16)
-        row = dict(mode="bf16", grid=side, batch=batch, shipped_ms=time_call(K, q, k, v, rh, rw, do, "fwd"))
-        ref_out, ref_lse = K.forward(q, k, v, rh, rw, D ** -0.5)
-        for variant in variants:
-            name = "gluon-{}x{}w{}s{}-{}{}".format(*variant[:3], "-psmem" if variant[3] else "", variant[4],
-                                                  f"-r{variant[5]}" if variant[5] else "")
-            for n, x in zip(names, variant):
-                setattr(G, n, x)
-            try:
-                call = lambda: G.forward_gluon(q, k, v, rh, rw, D ** -0.5)  # noqa: E731
-                out, lse = call()
-                row[f"{name}_err"] = max((out.float() - ref_out.float()).abs().max().item(),
-                                         (lse - ref_lse).abs().max().item())
-                row[f"{name}_ms"] = 0.0 if WARM["only"] else graph_bench(call)
-            except Exception as e:  # noqa: BLE001 - a variant that does not build is a result
-                torch.cuda.synchronize()
-                row[f"{name}_ms"] = f"{type(e).__name__}: {str(e)[:160]}"
-            finally:
-                for n, x in zip(names, saved):
-                    setattr(G, n, x)
-        print(row, flush=True)
-        rows.append(row)
-    results["sweep_fwd_gluon"] = rows
-    return rows
 
 # --tables OLD: the config table of another revision (a configs.py file, e.g. `git show REV:kernels/configs.py`)
 # against this one, forward and backward, bf16 and fp32 "high", on SAM-B's global layer, its windows and every
@@ -446,11 +365,6 @@ def main():
     ap.add_argument("--dkdv128", action="store_true", help="bf16 dK/dV with 128-key tiles and 8 warps, capped or not")
     ap.add_argument("--kmajor", action="store_true")
     ap.add_argument("--bias16", action="store_true")
-    ap.add_argument("--fwd-tma", action="store_true")
-    ap.add_argument("--bwd-tma", action="store_true")
-    ap.add_argument("--fwd-gluon", action="store_true", help="the Gluon forward experiment's variants (sm_90)")
-    ap.add_argument("--fwd-s-ahead", action="store_true", help="the Gluon forward's s_ahead schedule (sm_90)")
-    ap.add_argument("--dq-gluon", action="store_true", help="backward with the Gluon dQ (DQ_GLUON) off / on (sm_90)")
     ap.add_argument("--tables", metavar="OLD_CONFIGS_PY", help="another revision's configs.py against this one")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
@@ -476,13 +390,7 @@ def main():
                       (args.dkdv128, lambda: print_narrow(sweep_narrow(results, "bf16", DKDV128_SHAPES, DKDV128_CANDS,
                                                                        "sweep_dkdv128"))),
                       (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
-                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16")),
-                      (args.fwd_tma, lambda: sweep_fwd_tma(results)),
-                      (args.fwd_gluon, lambda: sweep_fwd_gluon(results)),
-                      (args.fwd_s_ahead, lambda: sweep_fwd_gluon(results, variants=_FWD_GLUON_S_AHEAD)),
-                      (args.dq_gluon, lambda: sweep_switch(results, "DQ_GLUON", "bf16", ((64, 1), (64, 4), (64, 2)))),
-                      (args.bwd_tma, lambda: [sweep_switch(results, sw, "bf16", TMA_SHAPES)
-                                              for sw in ("DQ_TMA", "DKDV_TMA", "DQ_TMA+DKDV_TMA")])):
+                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16"))):
         if flag:
             run()
             if WARM["only"]:

@@ -22,10 +22,7 @@ The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys mas
 
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
 tiles.py (shared pieces), forward.py and backward.py, the block configs in configs.py (one table, each
-row with the measurement behind it). forward_tma.py and backward_tma.py are experiments beside them (TMA,
-warp-specialized Hopper forward, dQ and dK/dV), and forward_gluon.py (a Gluon forward with softmax / MMA overlap
-written out) and backward_gluon.py (its dQ), launched from here only under the FWD_TMA / DQ_TMA / DKDV_TMA /
-FWD_GLUON / DQ_GLUON switches.
+row with the measurement behind it).
   _fwd_kernel   grid (query blocks, B)   online softmax over key tiles -> out, lse
   _bwd_kernel   PART "dq"   grid (query blocks, B)  owns a query block, loops over key tiles
                             -> dq, d_rel_h, d_rel_w, and delta[i] = <dout[i], out[i]> for dK/dV
@@ -41,12 +38,12 @@ torch.get_float32_matmul_precision() as PyTorch's matmuls do ("highest" -> 3-pas
 "high" and "medium" -> TF32). Accumulators and softmax statistics are fp32. "medium" is TF32, not
 bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA in "medium" (cuBLAS has no
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
-the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, session 3).
+the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, 2026-11-30).
 
 Operand layout (fp32): TF32 tensor-core products read both operands K-major, so the host passes V, K, Q,
 dout (and the dK/dV bias) a second time, transposed and zero-padded to whole tiles (`_keys_kmajor`,
 `_queries_kmajor`): every tile then arrives as 16-byte vectors. Without them Triton filled shared memory
-4 bytes at a time and the fp32 kernels were load-bound (benchmarks/NOTES.md, session 4).
+4 bytes at a time and the fp32 kernels were load-bound (benchmarks/NOTES.md; 78b6907).
 
 All launches go through torch.library.wrap_triton and host functions only allocate, copy (torch ops) and launch, so
 they can run inside a torch.library.triton_op traced by Inductor with fake tensors.
@@ -54,7 +51,6 @@ they can run inside a torch.library.triton_op traced by Inductor with fake tenso
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
@@ -65,26 +61,10 @@ from .backward import _bwd_kernel
 from .forward import _fwd_kernel
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_log = logging.getLogger("samhq_fx")
 
 # Test hook: when True, every output buffer is filled with NaN right after allocation, so an element
 # a kernel fails to write shows up as NaN in the tests. Never set in production.
 _POISON_OUTPUTS = False
-
-# Experiments, off by default: the TMA / warp-specialized Hopper forward (forward_tma.py), dQ and dK/dV
-# (backward_tma.py) in place of forward.py's kernel and the split backward's two launches, where they
-# take the shape. Module switches for benchmarks/sweep_kernels.py and the tests, not options: their host
-# functions build TMA descriptors, which the triton_op path's traced host function cannot. Timed on the H200
-# (session 9): slower than the shipped kernels except dK/dV on 64-wide grids (-5%); benchmarks/NOTES.md.
-# FWD_GLUON: the Gluon forward (forward_gluon.py): as fast as forward.py (P in registers), 9% slower (P in
-# shared memory; sessions 10-11), 4% slower with the next tile's Q K^T under each softmax (SCHEDULE "s_ahead",
-# session 15).
-# DQ_GLUON: the Gluon dQ (backward_gluon.py), 1.55x slower on the H200 (session 11); a failed build falls back.
-FWD_TMA = False
-FWD_GLUON = False
-DQ_GLUON = False
-DQ_TMA = False
-DKDV_TMA = False
 
 _MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
 _MAX_WK = 128  # one key-grid row must fit in one key tile
@@ -128,7 +108,7 @@ def _launch_options(cfg: dict) -> dict:
 # fp32 operands: TF32 wgmma reads both operands K-major from shared memory (only 16-bit types may be
 # transposed), so a B operand whose contiguous axis is not the reduction axis (V in P @ V, dO and Q in
 # the dV / dK products, K in dS @ K) was copied into shared memory 4 bytes at a time, with 8-way bank
-# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/NOTES.md, session 4). The host
+# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/NOTES.md; 78b6907). The host
 # hands those operands over a second time, transposed, so the kernels read them as 16-byte vectors.
 # Costs one extra read and write of q, k, v and dout per call. A knob so benchmarks can compare.
 KMAJOR_FP32 = True
@@ -219,16 +199,6 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
 
     Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
     """
-    if FWD_GLUON:
-        from . import forward_gluon
-
-        if forward_gluon.unsupported_reason(q, k, v, rel_h, rel_w) is None:
-            return forward_gluon.forward_gluon(q, k, v, rel_h, rel_w, scale)
-    if FWD_TMA:
-        from . import forward_tma
-
-        if forward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
-            return forward_tma.forward_tma(q, k, v, rel_h, rel_w, scale)
     b, n_q, d = q.shape
     dv = v.shape[2]
     hk, wk = rel_h.shape[2], rel_w.shape[2]
@@ -252,17 +222,6 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
     return out, lse
 
 
-def _try(fn, *args):
-    """fn(*args), or None with one log line if it fails (an experiment whose build fails, e.g. a ptxas crash on
-    the Gluon dQ, must not stop training: the caller then launches the Triton kernel)."""
-    try:
-        return fn(*args)
-    except Exception as e:  # noqa: BLE001
-        _log.warning("samhq-fx: %s did not run (%s: %s); using the Triton kernel", fn.__name__, type(e).__name__,
-                     str(e)[:200])
-        return None
-
-
 def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
     b, n_q, d = q.shape
@@ -275,20 +234,6 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     # one launch needs one num_warps / num_stages for both kinds of program
     fused = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q).get("FUSED", False) and all(
         cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
-    dq_tma = dkdv_tma = None
-    if DQ_TMA or DKDV_TMA:
-        from . import backward_tma
-
-        if DQ_TMA and backward_tma.dq_unsupported_reason(q, k, v, rel_h, rel_w) is None:
-            dq_tma, fused = backward_tma.dq_tma, False
-        if DKDV_TMA and backward_tma.unsupported_reason(q, k, v, rel_h, rel_w) is None:
-            dkdv_tma, fused = backward_tma.dkdv_tma, False  # after dQ, which writes delta
-    dq_gluon = None
-    if DQ_GLUON:
-        from . import backward_gluon
-
-        if backward_gluon.unsupported_reason(q, k, v, rel_h, rel_w, dout, out) is None:
-            dq_gluon, fused = backward_gluon.dq_gluon, False  # writes delta for the dK/dV launch
     wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
 
@@ -332,17 +277,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         # dQ first: it writes delta for dK/dV. Each launch's copies are released before the next one's,
         # so the two sets never add up in the peak (same stream: the caching allocator reuses the memory
         # only after the launch has read it)
-        gluon = _try(dq_gluon, dout, q, k, v, rel_h, rel_w, out, lse, scale) if dq_gluon is not None else None
-        if gluon is not None:
-            dq, drh, drw, delta = gluon
-        elif dq_tma is not None:
-            delta = (dout.float() * out.float()).sum(-1)  # [B, Nq] fp32: what dQ's launch writes
-            dq, drh, drw = dq_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale)
-        else:
-            launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
+        launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
         del kt
-        if dkdv_tma is not None:
-            dk, dv = dkdv_tma(dout, q, k, v, rel_h, rel_w, lse, delta, scale)
-        else:
-            launch("dkdv", (n_kv, b), *kv_copies(), k, cfg_kv)
+        launch("dkdv", (n_kv, b), *kv_copies(), k, cfg_kv)
     return dq, dk, dv, drh, drw

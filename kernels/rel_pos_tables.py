@@ -19,7 +19,7 @@ Each (query, table row) pair has at most one key row, so this is a masked gather
 output element is written once, deterministically. Written as torch ops (a gather with a remainder and a
 masked fill), Inductor's kernel ran at ~245 GB/s on grids whose width is not a power of two (int64
 remainders and index asserts per element: 71.5 us at 56x56x1, 85.7 at 48x48x2 on the H200); this kernel
-computes the shifts in int32 and writes whole rows: 10.4 and 12.2 us (benchmarks/NOTES.md, session 12).
+computes the shifts in int32 and writes whole rows: 10.4 and 12.2 us (benchmarks/NOTES.md; d3d79fa).
 `width` pads the rows (to a multiple of 8) so the GEMMs that read dT get 16-byte aligned rows.
 
 The forward gather is fast as Inductor writes it alone (bench_rel_tables.py: 13.7 us at 56x56x1, 44.7 at
@@ -27,7 +27,7 @@ The forward gather is fast as Inductor writes it alone (bench_rel_tables.py: 13.
 Inductor fused it into the transposed bias copies that the dK/dV kernel reads (rel_pos_attention.py, BIAS_T):
 gather-and-transpose kernels at ~300 GB/s. With `rel_terms` as a barrier the rel-pos kernels of the entry's
 call summed 34.4 us on the 076 mean against 39.8 (7x7x64: 22.0 -> 2.8, 56x56x1: 29.8 -> 15.8; 16x16x32 and
-64x64x4 unchanged; session 12), so the entry keeps it.
+64x64x4 unchanged), so the entry keeps it.
 """
 
 from __future__ import annotations

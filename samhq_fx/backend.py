@@ -142,7 +142,7 @@ def resolve_triton_op(triton_op: bool | str, patches: dict[str, Any]) -> bool | 
     if torch._dynamo.config.compiled_autograd:
         # compiled autograd re-traces the backward and opens a triton_op into triton_kernel_wrapper_functional,
         # which Dynamo (torch 2.11) cannot trace: the backward graph broke there and the attention backward
-        # ran outside every compiled graph (GPU test, session 8). The opaque op stays one node.
+        # ran outside every compiled graph (GPU test, 354cac1). The opaque op stays one node.
         return False
     return "auto"
 

@@ -33,16 +33,20 @@ try:  # Triton (and with it the kernels) exists on Linux; elsewhere the referenc
     from .kernels import rel_pos_attention as _kernels
     from .kernels import rel_pos_tables as _tables
     from torch.library import triton_op as _define_op
-except ImportError:  # pragma: no cover - exercised only where triton is missing
+
+    _KERNELS_MISSING = None
+except ImportError as e:  # pragma: no cover - exercised only where the import fails (tests/test_op.py, a subprocess)
     _kernels = _tables = None
     _define_op = None
+    # what failed, not a guess: a missing triton, a triton too old for an import the kernels make, a broken install
+    _KERNELS_MISSING = f"the Triton kernels failed to import ({type(e).__name__}: {e})"
 
 try:
     from torch._library.triton import set_wrap_triton_enabled as _set_wrap_triton_enabled
 except ImportError:  # pragma: no cover
     _set_wrap_triton_enabled = None
 
-_warned: set[str] = set()
+_warned: set[tuple[int, str]] = set()
 
 _FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, float scale) -> (Tensor, Tensor)"
 _BWD_SCHEMA = (
@@ -58,21 +62,25 @@ def _direct_triton_launch():
 def _kernel_skip_reason(q, k, v, rel_h, rel_w) -> str | None:
     """None if the Triton kernels take this call; otherwise why the reference runs instead."""
     if _kernels is None:
-        return "triton is not installed"
+        return _KERNELS_MISSING
     if q.device.type != "cuda":
         return f"no kernel for device {q.device.type}"
     return _kernels.unsupported_reason(q, k, v, rel_h, rel_w)
 
 
-def _log_once(msg: str) -> None:
-    # One log line per distinct message, not one per call.
-    if msg not in _warned:
-        _warned.add(msg)
-        log.info("samhq_fx: %s", msg)
+def _log_once(msg: str, level: int = logging.INFO) -> None:
+    # One log line per distinct message and level, not one per call.
+    if (level, msg) not in _warned:
+        _warned.add((level, msg))
+        log.log(level, "samhq_fx: %s", msg)
 
 
-def _note_fallback(reason: str) -> None:
-    _log_once(f"rel_pos_attention uses the reference implementation ({reason})")
+def _note_fallback(reason: str, device: torch.device) -> None:
+    """Say once per reason that the reference runs. On CUDA that is a WARNING: the user asked for the fused
+    kernels and gets the slow path (a shape, dtype or GPU they do not cover); on other devices the reference is
+    the expected path, so INFO."""
+    level = logging.WARNING if device.type == "cuda" else logging.INFO
+    _log_once(f"rel_pos_attention uses the reference implementation ({reason})", level)
 
 
 # --- reference path: opaque custom ops --------------------------------------------------------
@@ -160,7 +168,7 @@ def _fwd_impl(
     if reason is None:
         kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale)  # noqa: E731
         return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "forward")
-    _note_fallback(reason)
+    _note_fallback(reason, q.device)
     return reference_call()
 
 
@@ -246,7 +254,7 @@ def fused_op(triton_op: bool):
     if triton_op and HAS_INDUCTOR_VARIANT:
         return torch.ops.samhq.rel_pos_attention_inductor.default
     if triton_op:
-        _log_once("samhq.triton_op needs triton; using the opaque op")
+        _log_once(f"samhq.triton_op needs the Triton kernels, and {_KERNELS_MISSING}; using the opaque op")
     return torch.ops.samhq.rel_pos_attention.default
 
 

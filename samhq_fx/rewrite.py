@@ -37,7 +37,9 @@ def _source_files() -> tuple[str, ...]:
     files = [Path(__file__), _PKG / "op.py", _PKG / "reference.py"]
     for pkg in (patterns_pkg, kernels_pkg):
         files += sorted(Path(pkg.__file__).parent.glob("*.py"))
-    return tuple(str(f) for f in files)
+    # patterns/host_indices.py serves the backend's host-index pass, which rewrites the graph before Inductor
+    # sees it (so Inductor's own key covers it), not this pass
+    return tuple(str(f) for f in files if f != Path(patterns_pkg.__file__).parent / "host_indices.py")
 
 
 class _Emitter:

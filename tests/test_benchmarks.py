@@ -392,16 +392,3 @@ def test_sweep_tables_times_the_old_table_then_restores_the_new(monkeypatch, tmp
     assert S.K.configs.TABLE is new
 
 
-def test_sweep_fwd_gluon_runs_each_variant_then_restores_the_module(monkeypatch):
-    S, _ = _fake_sweep(monkeypatch)
-    G = pytest.importorskip("samhq_fx.kernels.forward_gluon")
-    saved, seen = (G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM), []
-    out = (torch.zeros(1), torch.zeros(1))
-    monkeypatch.setattr(S.K, "forward", lambda *a: out)
-    monkeypatch.setattr(G, "forward_gluon", lambda *a: seen.append((G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM)) or out)
-    monkeypatch.setattr(S, "graph_bench", lambda fn: fn() and 1e-3)
-    monkeypatch.setattr(S.torch, "set_float32_matmul_precision", lambda p: None)
-    rows = S.sweep_fwd_gluon({}, shapes=((64, 1),))
-    assert sorted(set(seen)) == sorted(S._FWD_GLUON)  # every variant ran under its own settings
-    assert len([k for k in rows[0] if k.endswith("_ms") and k != "shipped_ms"]) == len(S._FWD_GLUON)
-    assert (G.BLOCK_M, G.NUM_WARPS, G.STAGES, G.P_SMEM) == saved  # restored

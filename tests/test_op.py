@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -143,6 +147,65 @@ def test_kernel_failure_falls_back_to_reference_with_one_warning(monkeypatch, ca
     assert all(torch.isfinite(t.grad).all() for t in inputs)
     assert len(calls) == 2  # forward and backward each failed once, then were not retried
     assert caplog.text.count("Triton kernel failed") == 2
+
+
+def test_fallback_on_cuda_warns_once_per_reason(monkeypatch, caplog):
+    # A CUDA caller asked for the fused kernels: the slow reference must be visible at the default log level.
+    # No GPU needed: the level is decided from the device alone.
+    from samhq_fx import op
+
+    monkeypatch.setattr(op, "_warned", set())
+    cuda = torch.device("cuda", 0)
+    with caplog.at_level("INFO", logger="samhq_fx"):
+        for _ in range(3):
+            op._note_fallback("head dim above 128", cuda)
+        op._note_fallback("key grid width 200 above 128", cuda)
+    records = [r for r in caplog.records if "reference implementation" in r.getMessage()]
+    assert [r.levelname for r in records] == ["WARNING", "WARNING"]  # once per distinct reason
+    assert "head dim above 128" in records[0].getMessage()
+    assert "key grid width 200" in records[1].getMessage()
+
+
+def test_fallback_on_cpu_stays_info(monkeypatch, caplog):
+    # On CPU the reference is the expected path: one INFO line, never a warning, however often the op runs.
+    from samhq_fx import op
+
+    monkeypatch.setattr(op, "_warned", set())
+    inputs = rand_inputs(2, (3, 4), (3, 4), 8, seed=7)
+    with caplog.at_level("INFO", logger="samhq_fx"):
+        for _ in range(3):
+            samhq_fx.rel_pos_attention(*inputs, scale=0.3)
+    records = [r for r in caplog.records if "reference implementation" in r.getMessage()]
+    assert [r.levelname for r in records] == ["INFO"]
+    assert "cpu" in records[0].getMessage()
+
+
+_NO_TRITON = """
+import sys
+
+class NoTriton:  # as if triton were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTriton())
+import torch
+from samhq_fx import op
+
+q, rh = torch.zeros(1, 4, 8), torch.zeros(1, 4, 2)
+print(op._kernel_skip_reason(q, q, q, rh, rh))
+print(op.HAS_INDUCTOR_VARIANT)
+"""
+
+
+def test_kernel_import_failure_names_what_failed():
+    # The reason the reference runs says which import failed and how, not a guess at the cause.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _NO_TRITON], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reason, has_variant = proc.stdout.strip().splitlines()[-2:]
+    assert reason == "the Triton kernels failed to import (ModuleNotFoundError: No module named 'triton')", reason
+    assert has_variant == "False"
 
 
 def test_backward_kernel_failure_keeps_the_forward_kernel(monkeypatch):
