@@ -8,8 +8,10 @@ Everything here reads result rows (dicts from the runners' JSON), nothing else: 
 (sol_execbench_076.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
 can be redrawn from a results file without the code that timed it.  Orders come from the rows (workloads by
 size, implementations as they first appear).
-Merging: rows are keyed by (precision, workload, impl) for sol076, (impl, batch, dtype) for train_step and
-(target, dtype, batch, impl) for inference; a later file wins.  The merged JSON is written next to the first
+Merging: rows are keyed by (precision, workload, impl) for sol076, (model, impl, batch, dtype) for train_step and
+(model, target, dtype, batch, impl) for inference; a later file wins.  A train_step / inference row without
+`model` (files written before --model) is read as "vit-b", one without `compiler` / `mode` by its impl name
+(normalize_rows).  The merged JSON is written next to the first
 file as *_merged.json.  matplotlib is optional (not installed in CI): without it the charts are skipped with
 a message.
 """
@@ -134,6 +136,23 @@ def inference_chart(payload: dict, out_dir: str) -> list[str]:
                       f"SamHQ ViT-B inference (no grad), {payload['env'].get('device')}", "images / s (log)")]
 
 
+DEFAULT_MODEL = "vit-b"  # what the rows of files written before `model` was recorded timed
+
+
+def normalize_rows(rows: list[dict]) -> list[dict]:
+    """train_step / inference rows as the summaries and charts read them, filled in place: `model` missing (files
+    written before --model) is "vit-b"; `compiler` and `mode` missing (older train_step files) are read from the
+    impl name (benchmarks/impls.py spells them: "samhq-*" / "inductor*" compiled, "-ro" reduce-overhead)."""
+    for r in rows:
+        r.setdefault("model", DEFAULT_MODEL)
+        name = str(r.get("impl", ""))
+        if "compiler" not in r:
+            r["compiler"] = next((c for c in ("samhq", "inductor") if name.startswith(c)), "none")
+        if "mode" not in r:
+            r["mode"] = "reduce-overhead" if name.endswith("-ro") else "default"
+    return rows
+
+
 def family(row: dict) -> str:
     """'eager', 'inductor' or 'samhq': the compiler of a train_step / inference row."""
     return {"none": "eager"}.get(row.get("compiler", "none"), row.get("compiler"))
@@ -166,15 +185,16 @@ def best_per_family(rows: list[dict], group: tuple, value: str) -> list[dict]:
 KINDS = {
     "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
                                                     "status"), sol076_charts),
-    "train_step": (("impl", "batch", "dtype"), ("dtype", "batch", "impl", "ms_per_step", "gpu_busy", "peak_mib",
-                                                "cudagraph_skips", "status"), train_chart),
-    "inference": (("target", "dtype", "batch", "impl"), ("target", "dtype", "batch", "impl", "latency_ms",
-                                                         "images_per_s", "gpu_busy", "peak_mib", "cudagraph_skips",
-                                                         "status"), inference_chart),
+    "train_step": (("model", "impl", "batch", "dtype"),
+                   ("model", "dtype", "batch", "impl", "ms_per_step", "host_ms", "gpu_ms", "gpu_busy", "peak_mib",
+                    "cudagraph_skips", "status"), train_chart),
+    "inference": (("model", "target", "dtype", "batch", "impl"),
+                  ("model", "target", "dtype", "batch", "impl", "latency_ms", "images_per_s", "host_ms", "gpu_ms",
+                   "gpu_busy", "peak_mib", "cudagraph_skips", "status"), inference_chart),
 }
 
 
-SUMMARY_GROUPS = {"train_step": ("dtype", "batch"), "inference": ("target", "dtype", "batch")}
+SUMMARY_GROUPS = {"train_step": ("model", "dtype", "batch"), "inference": ("model", "target", "dtype", "batch")}
 SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 
@@ -207,6 +227,8 @@ def main(argv=None) -> None:
     merged = dict(payloads[-1])
     rows = {}
     for p in payloads:
+        if kind != "sol076":
+            normalize_rows(p["results"])
         rows.update({tuple(r.get(k) for k in keys): r for r in p["results"]})
     merged["results"] = list(rows.values())
     if kind == "sol076":
