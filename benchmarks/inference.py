@@ -21,6 +21,10 @@ timings from different processes are not comparable; --gpus N splits whole group
                (weights, activations and any CUDA-graph pool together);
   GPU busy     one more call under torch.profiler: sum of its GPU records' durations / its wall on the GPU
                (common.busy_share);
+  gpu_ms, host_ms  from that profiled call: gpu_ms = the sum of its GPU records' durations (kernels, memcpy,
+               memset; the numerator of GPU busy), host_ms = latency - gpu_ms, clipped at 0: the part of a call
+               the GPU waited for the host (launches, Python, guards) rather than computed (None without the
+               profile: CPU, --no-profile);
   check        (out.float() * probe).mean() of the first call, relative difference from eager-eager's (else
                eager-sdpa's) of the same group: FAIL above 1e-2 (tf32) / 1e-1 (bf16);
   cudagraph_skips (reduce-overhead cells), graph_breaks, fused (samhq cells).
@@ -80,7 +84,7 @@ def run_cell(key: tuple, args, device) -> dict:
     row = {"target": target, "dtype": dtype, "batch": batch, "impl": name, "attn_implementation": impl.attn,
            "compiler": impl.backend or "none", "mode": impl.mode or "default", "recipe": impls.recipe(impl, what),
            "status": None, "detail": "", "latency_ms": None, "images_per_s": None, "peak_mib": None,
-           "gpu_busy": None, "compile_s": None, "check": None, "fused": None}
+           "gpu_busy": None, "gpu_ms": None, "host_ms": None, "compile_s": None, "check": None, "fused": None}
     cuda = device.type == "cuda"
     common.reset_compile_state()
     common.set_precision("high")
@@ -123,8 +127,10 @@ def run_cell(key: tuple, args, device) -> dict:
                 row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
             if cuda and args.profile:
                 _, kernels, walls = common.kernel_spans(call, 1, device, before=before, walls=True)
-                busy = common.busy_share(kernels[0] if kernels else [], walls[0] if walls else None)
+                ks = kernels[0] if kernels else []
+                busy = common.busy_share(ks, walls[0] if walls else None)
                 row["gpu_busy"] = None if busy is None else round(busy, 4)
+                row.update(common.host_gpu_ms(ks, row["latency_ms"]))
         row["status"] = "OK"
     except Exception as e:  # compile errors, OOM, ...: record and go on
         row["status"] = "ERROR"
@@ -163,10 +169,12 @@ def print_report(rows: list[dict]) -> None:
     rows = sorted(rows, key=lambda r: (r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
     print()
     common.print_table(
-        ["target", "dtype", "batch", "impl", "latency_ms", "images/s", "gpu_busy", "peak_MiB", "compile_s",
+        ["model", "target", "dtype", "batch", "impl", "latency_ms", "images/s", "host_ms", "gpu_ms", "gpu_busy",
+         "peak_MiB", "compile_s",
          "check_rel", "fused", "cg_skips", "breaks", "status", "detail"],
-        [[r["target"], r["dtype"], r["batch"], r["impl"], common.fmt(r.get("latency_ms"), ".2f"),
-          common.fmt(r.get("images_per_s")), "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.1f}%",
+        [[r.get("model", plot.DEFAULT_MODEL), r["target"], r["dtype"], r["batch"], r["impl"],
+          common.fmt(r.get("latency_ms"), ".2f"), common.fmt(r.get("images_per_s")), common.fmt(r.get("host_ms"), ".2f"),
+          common.fmt(r.get("gpu_ms"), ".2f"), "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.1f}%",
           common.fmt(r.get("peak_mib")), common.fmt(r.get("compile_s")), common.fmt(r.get("check_rel_diff"), ".1e"),
           common.fmt(r.get("fused"), "d"), common.fmt(r.get("cudagraph_skips"), "d"),
           common.fmt(r.get("graph_breaks"), "d"), r["status"],
@@ -267,6 +275,7 @@ def main(argv=None) -> dict:
         save()
         common.log(f"{key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
                    f"{common.fmt(row['latency_ms'], '.2f'):>8s} ms  {common.fmt(row['images_per_s']):>8s} img/s  "
+                   f"host {common.fmt(row['host_ms'], '.2f')} ms  "
                    f"peak {common.fmt(row['peak_mib']):>8s} MiB  compile {common.fmt(row['compile_s'])} s"
                    + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
     payload = save()

@@ -39,6 +39,9 @@ Measurements per (dtype, batch, impl) cell:
             memset) / the step's wall time on the GPU (from the end of a marker kernel launched right before the
             step to the start of one launched right after it): how much of the step the GPU worked, the rest
             being host time it waited for;
+  gpu_ms, host_ms  from that profiled step: gpu_ms = the sum of its GPU records' durations (the numerator of GPU
+            busy), host_ms = ms/step - gpu_ms, clipped at 0: the share of a step the GPU spent waiting for the host
+            (launches, Python, guards, the optimizer's loop) rather than computing (None without the profile);
   attention share  in the same profile: sum of GPU kernel durations whose names look like
             attention / total GPU kernel time of the step.  "Look like attention" = name matches ATTN_PATTERN
             (flash, fmha, attention, attn, softmax, sdpa, rel_pos, samhq, flex) or starts with the name of a Triton
@@ -154,6 +157,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
            "recipe": impls.recipe(impl, "model" if not impl.compiled_autograd else "forward_backward")
            + f"; optimizer {args.optimizer}", "batch": batch, "dtype": dtype,
            "status": None, "detail": "", "ms_per_step": None, "peak_mib": None, "compile_s": None, "gpu_busy": None,
+           "gpu_ms": None, "host_ms": None,
            "attn_share": None, "step_span_ms": None, "loss": None, "fused": None}
     cuda = device.type == "cuda"
     common.reset_compile_state()
@@ -235,7 +239,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
 
 
 def profile_step(row: dict, step, zero, device, attn_re) -> None:
-    """One more step under torch.profiler: GPU-busy share, attention share, kernel span."""
+    """One more step under torch.profiler: GPU-busy share, GPU / host ms, attention share, kernel span."""
     spans, kernels, walls = common.kernel_spans(step, 1, device, flush=None, before=zero, walls=True)
     ks = kernels[0] if kernels else []
     total = sum(d for _, d in ks)
@@ -251,6 +255,7 @@ def profile_step(row: dict, step, zero, device, attn_re) -> None:
         row["profiled_wall_ms"] = round(walls[0] / 1e3, 3)
         busy = common.busy_share(ks, walls[0])
         row["gpu_busy"] = None if busy is None else round(busy, 4)
+    row.update(common.host_gpu_ms(ks, row["ms_per_step"]))
     if spans and spans[0] is not None:
         row["step_span_ms"] = round(spans[0] / 1e3, 3)
 
@@ -283,9 +288,11 @@ def print_report(rows: list[dict]) -> None:
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     print()
     common.print_table(
-        ["dtype", "batch", "impl", "ms/step", "gpu_busy", "peak_MiB", "attn_share", "compile_s", "loss_rel",
+        ["model", "dtype", "batch", "impl", "ms/step", "host_ms", "gpu_ms", "gpu_busy", "peak_MiB", "attn_share",
+         "compile_s", "loss_rel",
          "grad_rel", "fused", "cg_skips", "breaks", "status", "detail"],
-        [[r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"), pct(r.get("gpu_busy")),
+        [[r.get("model", plot.DEFAULT_MODEL), r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"),
+          common.fmt(r.get("host_ms"), ".2f"), common.fmt(r.get("gpu_ms"), ".2f"), pct(r.get("gpu_busy")),
           common.fmt(r.get("peak_mib")), pct(r.get("attn_share")), common.fmt(r.get("compile_s")),
           common.fmt(r.get("loss_rel_diff"), ".1e"), common.fmt(r.get("grad_rel_diff"), ".1e"),
           common.fmt(r.get("fused"), "d"), common.fmt(r.get("cudagraph_skips"), "d"),
@@ -398,6 +405,7 @@ def main(argv=None) -> dict:
                 save()
                 common.log(f"{dtype} B={batch} {impl:15s} {row['status']:5s} "
                            f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
+                           f"host {common.fmt(row['host_ms'], '.2f')} ms  "
                            f"busy {common.fmt(None if row['gpu_busy'] is None else 100 * row['gpu_busy'])}%  "
                            f"peak {common.fmt(row['peak_mib']):>8s} MiB  "
                            f"attn {common.fmt(None if row['attn_share'] is None else 100 * row['attn_share'])}%  "
