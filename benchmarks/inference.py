@@ -11,7 +11,9 @@ cast to bfloat16 (inference keeps no fp32 master weights, so no autocast).
 Implementations (benchmarks/impls.py; each row's "recipe" says how it was built): eager-sdpa (HF's default
 class), eager-eager, inductor (default mode) and inductor-ro (mode="reduce-overhead", CUDA graphs) on the
 "sdpa" class, the same two on the "eager" class (inductor-eager, inductor-eager-ro), samhq-eager, samhq-sdpa,
-samhq-eager-ro, samhq-sdpa-ro.  Every compile is dynamic=False, fresh per cell.
+samhq-eager-ro, samhq-sdpa-ro (impls.COMPARED, with the two eager baselines: the default set).  --modes default /
+--modes reduce-overhead (or ro) keeps only the compiled impls of that mode (the eager baselines, the check's
+reference, stay).  Every compile is dynamic=False, fresh per cell.
 
 Every row records its "model"; rows of different models are never compared (summaries, the check and merge keys
 include it), and rows without one (files written before --model) are read as "vit-b".
@@ -36,6 +38,7 @@ Summary per group: the fastest samhq, Inductor and eager rows and samhq's speedu
 
   python benchmarks/inference.py                          # encoder, tf32+bf16, batch 1+8, 10 impls, 480 s budget
   python benchmarks/inference.py --model vit-l --batch 1  # SAM-HQ's ViT-L encoder
+  python benchmarks/inference.py --modes default          # default-mode builds (and the eager baselines) only
   python benchmarks/inference.py --gpus 2                 # the 4 (dtype, batch) groups over 2 GPUs
   python benchmarks/inference.py --quick                  # CPU smoke test (small model), used in CI
 Writes <out>/inference.json after every cell, <out>/inference.png (if matplotlib), and a table last.
@@ -204,6 +207,9 @@ def parse_args(argv=None):
     ap.add_argument("--model", default="vit-b", choices=MODELS,
                     help="SAM-HQ image encoder size (samhq_fx.models.VIT_SIZES; default vit-b); --quick: the small one")
     ap.add_argument("--target", default="encoder", help="comma list of encoder,model (default encoder)")
+    ap.add_argument("--modes", default=None,
+                    help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
+                         "(the uncompiled eager baselines stay); default both")
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell")
@@ -221,6 +227,7 @@ def parse_args(argv=None):
         args.iters, args.warmup, args.batch, args.dtype, args.model = 1, 1, "1", "tf32", "tiny"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
     args.impls = impls.parse(args.impls, tuple(IMPLS), IMPLS)
+    args.impls = impls.filter_modes(args.impls, args.modes, IMPLS)
     args.target = tuple(args.target.split(","))
     args.dtype = tuple(args.dtype.split(","))
     bad = [t for t in args.target if t not in TARGETS] + [d for d in args.dtype if d not in DTYPES]

@@ -29,7 +29,9 @@ Implementations (benchmarks/impls.py; each row's "recipe" says exactly how it wa
                                    so the backward graph goes through the backend too; default mode / CUDA graphs
   inductor-eager-ca-ro             the same with Inductor (not in the default set)
 Default set: every one but the compiled-autograd ones, so the best Inductor configuration (either attention
-class, either mode) is measured in the same run as samhq; the summary holds samhq to it.
+class, either mode) is measured in the same run as samhq; the summaries hold samhq to it (over both modes, and
+mode by mode).  --modes default / --modes reduce-overhead (or ro) keeps only the compiled impls of that mode (the
+eager baselines, the loss check's reference, stay): half the compiles.
 Precision: "tf32" = fp32 with torch.set_float32_matmul_precision("high"); "bf16" = the same plus
 torch.autocast(bfloat16) around the forward.  Every compile is dynamic=False, fresh per cell.
 
@@ -65,6 +67,7 @@ Inductor one (plot.best_per_family).
 
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
   python benchmarks/train_step.py --model vit-h --batch 1 # SAM-HQ's ViT-H encoder
+  python benchmarks/train_step.py --modes reduce-overhead # CUDA-graph builds (and the eager baselines) only
   python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
   python benchmarks/train_step.py --gpus 2                # cells split over 2 GPUs of this host, timed at once
   python benchmarks/train_step.py --quick                 # CPU smoke test (tiny model), used in CI
@@ -334,6 +337,9 @@ def parse_args(argv=None):
                     f"(default: {','.join(DEFAULT_IMPLS)}; 'all' = every one)")
     ap.add_argument("--model", default="vit-b", choices=MODELS,
                     help="SAM-HQ image encoder size (samhq_fx.models.VIT_SIZES; default vit-b); --quick: the tiny one")
+    ap.add_argument("--modes", default=None,
+                    help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
+                         "(the uncompiled eager baselines stay); default both")
     ap.add_argument("--batch", default="1,4", help="comma list of batch sizes (default 1,4)")
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per cell")
@@ -353,6 +359,7 @@ def parse_args(argv=None):
         args.steps, args.warmup, args.batch, args.dtype, args.model = 1, 1, "1", "tf32", "tiny"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
     args.impls = impls.parse(args.impls, DEFAULT_IMPLS)
+    args.impls = impls.filter_modes(args.impls, args.modes)
     bad = [d for d in args.dtype.split(",") if d not in DTYPES]
     if bad:
         raise SystemExit(f"unknown dtypes {bad}; dtypes: {', '.join(DTYPES)}")
