@@ -34,7 +34,14 @@ timings from different processes are not comparable; --gpus N splits whole group
   check        (out.float() * probe).mean() of the first call, relative difference from eager-eager's (else
                eager-sdpa's) of the same group: FAIL above 1e-2 (tf32) / 1e-1 (bf16);
   cudagraph_skips (reduce-overhead cells), graph_breaks, fused (samhq cells).
-Summary per group: the fastest samhq, Inductor and eager rows and samhq's speedup over each (plot.best_per_family).
+Summaries, over the OK rows of the run:
+  "summary"          per group: the fastest samhq, Inductor and eager rows (any mode) and samhq's speedup over each
+                     (plot.best_per_family);
+  "summary_by_mode"  per (model, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row
+                     of the SAME mode (either attention class), the ratio Inductor latency / samhq latency and both
+                     sides' host_ms and gpu_busy (plot.best_by_mode), printed last as one line each, e.g.
+                     "vit-b encoder bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms: 1.73x (host 1.2 /
+                     2.3 ms, busy 88% / 93%)" ("-" where not measured).
 
   python benchmarks/inference.py                          # encoder, tf32+bf16, batch 1+8, 10 impls, 480 s budget
   python benchmarks/inference.py --model vit-l --batch 1  # SAM-HQ's ViT-L encoder
@@ -174,6 +181,19 @@ def summarize(rows: list[dict]) -> list[dict]:
     return plot.best_per_family(rows, GROUP, "latency_ms")
 
 
+def summarize_by_mode(rows: list[dict]) -> list[dict]:
+    """Per (model, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the same
+    mode, either attention class, with the ratio and both sides' host ms and GPU busy (plot.best_by_mode)."""
+    return plot.best_by_mode(rows, GROUP, "latency_ms")
+
+
+def print_summary_by_mode(payload: dict) -> None:
+    """The per-mode lines, printed last."""
+    if payload["summary_by_mode"]:
+        print("\n" + plot.SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in payload["summary_by_mode"]), flush=True)
+
+
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
     rows = sorted(rows, key=lambda r: (r["model"], r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
@@ -262,7 +282,8 @@ def main(argv=None) -> dict:
     def save():
         check_outputs(rows)
         payload = {"benchmark": "SamHQModel inference (forward, no grad; SAM-HQ ViT-B/L/H encoder, each row's model)", "env": env, "method": method,
-                   "config": config, "results": rows, "summary": summarize(rows), "skipped": skipped}
+                   "config": config, "results": rows, "summary": summarize(rows),
+                   "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
         common.write_json(path, payload)
         return payload
 
@@ -302,6 +323,7 @@ def main(argv=None) -> dict:
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     common.log(f"wrote {path}", t0)
+    print_summary_by_mode(payload)
     return payload
 
 

@@ -181,6 +181,67 @@ def best_per_family(rows: list[dict], group: tuple, value: str) -> list[dict]:
     return out
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def best_by_mode(rows: list[dict], group: tuple, value: str) -> list[dict]:
+    """Per group and mode (e.g. model, dtype, batch, mode): the fastest OK samhq row against the fastest OK
+    Inductor row of the SAME mode (either attention class; lowest `value`), with the ratio Inductor / samhq and each
+    side's host_ms and gpu_busy.  Entries: the group's keys, "mode", "samhq" / "inductor" (impl names, None when
+    the group has no such row), "samhq_<value>", "inductor_<value>", "samhq_host_ms", "inductor_host_ms",
+    "samhq_gpu_busy", "inductor_gpu_busy", "samhq_speedup_vs_inductor", and "line" (summary_line)."""
+    normalize_rows(rows)
+    keys = group + ("mode",)
+    groups = list(dict.fromkeys(tuple(r[g] for g in group) for r in rows))
+    modes = ("default", "reduce-overhead")
+    out = []
+    for key in sorted(dict.fromkeys(tuple(r[g] for g in keys) for r in rows),  # as the groups come, default first
+                      key=lambda k: (groups.index(k[:-1]), modes.index(k[-1]) if k[-1] in modes else len(modes))):
+        best: dict[str, dict] = {}
+        for r in rows:
+            f = family(r)
+            if tuple(r[g] for g in keys) != key or f == "eager" or r.get("status") != "OK" or not r.get(value):
+                continue
+            if f not in best or r[value] < best[f][value]:
+                best[f] = r
+        if not best:
+            continue  # the eager baselines' mode: nothing compiled to compare
+        entry = dict(zip(keys, key))
+        for f in ("samhq", "inductor"):
+            r = best.get(f, {})
+            entry[f], entry[f"{f}_{value}"] = r.get("impl"), r.get(value)
+            entry[f"{f}_host_ms"], entry[f"{f}_gpu_busy"] = r.get("host_ms"), r.get("gpu_busy")
+        both = "samhq" in best and "inductor" in best
+        entry["samhq_speedup_vs_inductor"] = round(best["inductor"][value] / best["samhq"][value], 3) if both else None
+        entry["line"] = summary_line(entry, group, value)
+        out.append(entry)
+    return out
+
+
+def summary_line(entry: dict, group: tuple, value: str) -> str:
+    """One best_by_mode entry as a line, e.g. 'vit-b bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms:
+    1.73x (host 1.2 / 2.3 ms, busy 88% / 93%)' (samhq first in each pair; '-' where not measured)."""
+    head = " ".join(f"b{entry[g]}" if g == "batch" else str(entry[g]) for g in group) + f" {entry['mode']}:"
+    s, i = entry.get("samhq"), entry.get("inductor")
+    side = lambda f: f"{entry[f]} {_ms(entry[f'{f}_{value}'])} ms"  # noqa: E731
+    if s and i:
+        return (f"{head} {side('samhq')} vs {side('inductor')}: {entry['samhq_speedup_vs_inductor']:.2f}x "
+                f"(host {_ms(entry['samhq_host_ms'])} / {_ms(entry['inductor_host_ms'])} ms, "
+                f"busy {_pct(entry['samhq_gpu_busy'])} / {_pct(entry['inductor_gpu_busy'])})")
+    f = "samhq" if s else "inductor"
+    return (f"{head} {side(f)}, no {'Inductor' if s else 'samhq'} row of this mode "
+            f"(host {_ms(entry[f'{f}_host_ms'])} ms, busy {_pct(entry[f'{f}_gpu_busy'])})")
+
+
+SUMMARY_BY_MODE_TITLE = ("samhq vs Inductor, mode by mode (the fastest OK row of each, either attention class; "
+                         "ratio = Inductor / samhq; host and busy: samhq / Inductor):")
+
+
 # kind: (row key for merging, table columns, chart)
 KINDS = {
     "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
@@ -235,12 +296,16 @@ def main(argv=None) -> None:
         merged["summary"] = sol076_summary(merged["results"])
     else:  # the fastest samhq / Inductor / eager row per group, over the merged rows
         merged["summary"] = best_per_family(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
+        merged["summary_by_mode"] = best_by_mode(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
     out_dir = os.path.dirname(os.path.abspath(paths[0]))
     msgs = chart(merged, out_dir)
     print_rows(merged["results"], columns)
     if kind != "sol076" and merged["summary"]:
         print()
         print_rows(merged["summary"], list(dict.fromkeys(k for e in merged["summary"] for k in e)))
+    if merged.get("summary_by_mode"):
+        print("\n" + SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in merged["summary_by_mode"]))
     if len(paths) > 1:
         out = os.path.splitext(os.path.abspath(paths[0]))[0] + "_merged.json"
         with open(out, "w") as f:

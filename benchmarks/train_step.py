@@ -62,8 +62,14 @@ Measurements per (model, dtype, batch, impl) cell:
             through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
             model, batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
             tf32, 1e-1 in bf16).
-Summary per (model, dtype, batch): the fastest samhq, Inductor and eager rows and samhq's speedup over the fastest
-Inductor one (plot.best_per_family).
+Summaries, over the OK rows of the results file:
+  "summary"          per (model, dtype, batch): the fastest samhq, Inductor and eager rows (any mode) and samhq's
+                     speedup over the fastest Inductor and eager ones (plot.best_per_family);
+  "summary_by_mode"  per (model, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the
+                     SAME mode (either attention class; compiled-autograd rows count in their mode), the ratio
+                     Inductor ms / samhq ms and both sides' host_ms and gpu_busy (plot.best_by_mode), printed last
+                     as one line each, e.g. "vit-b bf16 b1 default: samhq-eager 41.0 ms vs inductor 46.5 ms: 1.13x
+                     (host 1.2 / 2.3 ms, busy 88% / 93%)" ("-" where not measured).
 
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
   python benchmarks/train_step.py --model vit-h --batch 1 # SAM-HQ's ViT-H encoder
@@ -300,6 +306,19 @@ def summarize(rows: list[dict]) -> list[dict]:
     return plot.best_per_family(rows, GROUP, "ms_per_step")
 
 
+def summarize_by_mode(rows: list[dict]) -> list[dict]:
+    """Per (model, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the same
+    mode, either attention class, with the ratio and both sides' host ms and GPU busy (plot.best_by_mode)."""
+    return plot.best_by_mode(rows, GROUP, "ms_per_step")
+
+
+def print_summary_by_mode(payload: dict) -> None:
+    """The per-mode lines, printed last."""
+    if payload["summary_by_mode"]:
+        print("\n" + plot.SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in payload["summary_by_mode"]), flush=True)
+
+
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
     rows = sorted(rows, key=lambda r: (r["model"], DTYPES.index(r["dtype"]), r["batch"],
@@ -394,7 +413,8 @@ def main(argv=None) -> dict:
     def save():
         check_losses(rows)
         payload = {"benchmark": "SamHQVisionModel training step (SAM-HQ ViT-B/L/H encoder; each row's model)", "env": env, "method": method,
-                   "config": config, "results": rows, "summary": summarize(rows), "skipped": skipped}
+                   "config": config, "results": rows, "summary": summarize(rows),
+                   "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
         common.write_json(path, payload)
         return payload
 
@@ -452,6 +472,7 @@ def main(argv=None) -> dict:
               f"--impls {','.join(args.impls)} "
               f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)} --optimizer {args.optimizer}", flush=True)
     common.log(f"wrote {path}", t0)
+    print_summary_by_mode(payload)
     return payload
 
 
