@@ -12,7 +12,9 @@ Merging: rows are keyed by (precision, workload, impl) for sol076, (model, impl,
 (model, target, dtype, batch, impl) for inference; a later file wins.  A train_step / inference row without
 `model` (files written before --model) is read as "vit-b", one without `compiler` / `mode` by its impl name
 (normalize_rows).  The merged JSON is written next to the first
-file as *_merged.json.  matplotlib is optional (not installed in CI): without it the charts are skipped with
+file as *_merged.json.  train_step / inference charts: one panel per model, one bar per impl (one color per impl in
+every panel), the reduce-overhead builds hatched; their summaries: best_per_family ("summary", any mode) and
+best_by_mode ("summary_by_mode", samhq against Inductor of the same mode, printed as lines).  matplotlib is optional (not installed in CI): without it the charts are skipped with
 a message.
 """
 
@@ -27,23 +29,29 @@ import sys
 PRECISION_ORDER = ("highest", "high", "medium")  # fp32 matmul precisions, most exact first
 
 
-def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: bool = True) -> str:
-    """Grouped bars: one group per entry of `groups`, one bar per series (None = missing bar)."""
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception:
-        return f"matplotlib not importable: skipped chart {path}"
+        return None
+    return plt
+
+
+def _bars(ax, groups, series: dict, title: str, ylabel: str, log: bool, hatched=(), colors=None) -> None:
+    """Grouped bars on `ax`: one group per entry of `groups`, one bar per series (None = missing bar); the series
+    named in `hatched` drawn hatched (the CUDA-graph builds of train_step / inference), colors by name if given."""
     n = max(1, len(series))
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(min(16, max(7, 0.55 * len(groups) * max(1, n / 4) + 2)), 6))
     for k, (name, ys) in enumerate(series.items()):
         xs = [g + (k - (n - 1) / 2) * width for g in range(len(groups))]
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
         if pts:
-            ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+            ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name,
+                   color=(colors or {}).get(name),
+                   hatch="//" if name in hatched else None, edgecolor="white" if name in hatched else None)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=45, ha="right")
     if log:
@@ -51,8 +59,41 @@ def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: boo
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="y", which="both", alpha=0.3)
+
+
+def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: bool = True) -> str:
+    """Grouped bars: one group per entry of `groups`, one bar per series (None = missing bar)."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib not importable: skipped chart {path}"
+    n = max(1, len(series))
+    fig, ax = plt.subplots(figsize=(min(16, max(7, 0.55 * len(groups) * max(1, n / 4) + 2)), 6))
+    _bars(ax, groups, series, title, ylabel, log)
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def panel_chart(panels: list[tuple[str, list, dict]], path: str, title: str, ylabel: str, log: bool = True,
+                hatched=()) -> str:
+    """One grouped-bar panel per (panel title, groups, series), stacked, one legend for all (series by name)."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib not importable: skipped chart {path}"
+    width = max(min(16, max(7, 0.55 * len(g) * max(1, len(sr) / 4) + 2)) for _, g, sr in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 1 + 4.5 * len(panels)), squeeze=False)
+    handles: dict = {}
+    names = list(dict.fromkeys(n for _, _, sr in panels for n in sr))
+    colors = {n: f"C{k % 10}" for k, n in enumerate(names)}  # one color per series in every panel
+    for ax, (sub, groups, series) in zip(axes[:, 0], panels):
+        _bars(ax, groups, series, sub, ylabel, log, hatched, colors)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.suptitle(title)
+    fig.legend(list(handles.values()), list(handles), fontsize=8, ncol=5, loc="lower center", frameon=False)
+    fig.tight_layout(rect=(0, 0.03 + 0.04 * ((len(handles) + 4) // 5) / len(panels), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return f"wrote {path}"
@@ -114,26 +155,39 @@ def sol076_charts(payload: dict, out_dir: str) -> list[str]:
     return msgs
 
 
+def _model_panels(rows: list[dict], group: tuple, value: str, label) -> tuple[list, set]:
+    """One panel per model (as the rows first name them): groups `group` (sorted), one series per impl, and the
+    impls whose rows ran in reduce-overhead (hatched)."""
+    normalize_rows(rows)
+    panels = []
+    for model in _first_seen(rows, "model"):
+        mr = [r for r in rows if r["model"] == model]
+        groups = sorted({tuple(r[g] for g in group) for r in mr})
+        cell = {tuple(r[g] for g in group) + (r["impl"],): r[value] for r in mr}
+        series = {i: [cell.get(g + (i,)) for g in groups] for i in _first_seen(mr, "impl")}
+        panels.append((model, [label(*g) for g in groups], series))
+    return panels, {r["impl"] for r in rows if r["mode"] == "reduce-overhead"}
+
+
 def train_chart(payload: dict, out_dir: str) -> list[str]:
-    """ms/step per (batch, dtype) group, one bar per implementation."""
+    """ms/step per (batch, dtype) group, one bar per implementation (CUDA-graph builds hatched), one panel per model."""
     rows = [r for r in payload["results"] if r.get("ms_per_step")]
-    groups = sorted({(r["batch"], r["dtype"]) for r in rows})
-    impls = _first_seen(rows, "impl")
-    cell = {(r["batch"], r["dtype"], r["impl"]): r["ms_per_step"] for r in rows}
-    series = {i: [cell.get((b, d, i)) for b, d in groups] for i in impls}
-    return [bar_chart([f"B={b} {d}" for b, d in groups], series, os.path.join(out_dir, "train_step.png"),
-                      f"SamHQ ViT-B train step, {payload['env'].get('device')}", "ms / step (log)")]
+    panels, ro = _model_panels(rows, ("batch", "dtype"), "ms_per_step", lambda b, d: f"B={b} {d}")
+    if not panels:
+        return []
+    return [panel_chart(panels, os.path.join(out_dir, "train_step.png"),
+                        f"SAM-HQ encoder train step, {payload['env'].get('device')}", "ms / step (log)", hatched=ro)]
 
 
 def inference_chart(payload: dict, out_dir: str) -> list[str]:
-    """images/s per (target, dtype, batch) group, one bar per implementation."""
+    """images/s per (target, dtype, batch) group, one bar per implementation (CUDA-graph builds hatched), one panel
+    per model."""
     rows = [r for r in payload["results"] if r.get("images_per_s")]
-    groups = sorted({(r["target"], r["dtype"], r["batch"]) for r in rows})
-    impls = _first_seen(rows, "impl")
-    cell = {(r["target"], r["dtype"], r["batch"], r["impl"]): r["images_per_s"] for r in rows}
-    series = {i: [cell.get(g + (i,)) for g in groups] for i in impls}
-    return [bar_chart([f"{t} {d} B={b}" for t, d, b in groups], series, os.path.join(out_dir, "inference.png"),
-                      f"SamHQ ViT-B inference (no grad), {payload['env'].get('device')}", "images / s (log)")]
+    panels, ro = _model_panels(rows, ("target", "dtype", "batch"), "images_per_s", lambda t, d, b: f"{t} {d} B={b}")
+    if not panels:
+        return []
+    return [panel_chart(panels, os.path.join(out_dir, "inference.png"),
+                        f"SAM-HQ inference (no grad), {payload['env'].get('device')}", "images / s (log)", hatched=ro)]
 
 
 DEFAULT_MODEL = "vit-b"  # what the rows of files written before `model` was recorded timed
