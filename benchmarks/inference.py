@@ -138,7 +138,7 @@ def run_cell(key: tuple, args, device) -> dict:
             common.sync(device)
             times = common.wall_times(call, args.iters, device, flush=None, before=before)
             row["latency_ms"] = common.median(times) / 1e3
-            row["images_per_s"] = round(batch / (row["latency_ms"] / 1e3), 2)
+            row["images_per_s"] = float(f"{batch / (row['latency_ms'] / 1e3):.4g}")  # 4 digits, also below 10/s (CPU)
             if cuda:
                 row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
             if cuda and args.profile:
