@@ -284,7 +284,7 @@ def summary_line(entry: dict, group: tuple, value: str) -> str:
     s, i = entry.get("samhq"), entry.get("inductor")
     side = lambda f: f"{entry[f]} {_ms(entry[f'{f}_{value}'])} ms"  # noqa: E731
     if s and i:
-        return (f"{head} {side('samhq')} vs {side('inductor')}: {entry['samhq_speedup_vs_inductor']:.2f}x "
+        return (f"{head} {side('samhq')} vs {side('inductor')}: {entry[f'inductor_{value}'] / entry[f'samhq_{value}']:.2f}x "
                 f"(host {_ms(entry['samhq_host_ms'])} / {_ms(entry['inductor_host_ms'])} ms, "
                 f"busy {_pct(entry['samhq_gpu_busy'])} / {_pct(entry['inductor_gpu_busy'])})")
     f = "samhq" if s else "inductor"
