@@ -412,8 +412,8 @@ def main(argv=None) -> dict:
 
     def save():
         check_losses(rows)
-        payload = {"benchmark": "SamHQVisionModel training step (SAM-HQ ViT-B/L/H encoder; each row's model)", "env": env, "method": method,
-                   "config": config, "results": rows, "summary": summarize(rows),
+        payload = {"benchmark": "SamHQVisionModel training step (SAM-HQ ViT-B/L/H encoder; each row's model)",
+                   "env": env, "method": method, "config": config, "results": rows, "summary": summarize(rows),
                    "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
         common.write_json(path, payload)
         return payload
@@ -429,7 +429,7 @@ def main(argv=None) -> dict:
                                  timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         rows += got
         finished = {(r["impl"], r["batch"], r["dtype"]) for r in got}
-        skipped += [{"impl": i, "batch": b, "dtype": d} for i, b, d in todo if (i, b, d) not in finished]
+        skipped += [{"model": args.model, "impl": i, "batch": b, "dtype": d} for i, b, d in todo if (i, b, d) not in finished]
         done.update({c: None for c in todo})  # every cell had its GPU: nothing left for the serial loop below
         save()
 
@@ -442,7 +442,7 @@ def main(argv=None) -> dict:
                 if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
                     continue
                 if not budget.fits(f"{impl}/{batch}"):
-                    skipped.append({"impl": impl, "batch": batch, "dtype": dtype})
+                    skipped.append({"model": args.model, "impl": impl, "batch": batch, "dtype": dtype})
                     continue
                 tcell = time.perf_counter()
                 row = run_cell(impl, batch, dtype, args, device, attn_re)
