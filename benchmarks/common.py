@@ -214,6 +214,16 @@ def busy_share(kernels: list[tuple[str, float]], wall_us: float | None) -> float
     return sum(d for _, d in kernels) / wall_us
 
 
+def host_gpu_ms(kernels: list[tuple[str, float]], wall_ms: float | None) -> dict:
+    """{"gpu_ms": the sum of one profiled call's GPU record durations (ms), "host_ms": `wall_ms` (the cell's
+    median wall time) minus that, clipped at 0}: the part of a call the GPU did not account for, i.e. host time
+    it waited for (launches, Python, guards).  Both None without records (CPU, --no-profile)."""
+    if not kernels:
+        return {"gpu_ms": None, "host_ms": None}
+    gpu = sum(k[1] for k in kernels) / 1e3
+    return {"gpu_ms": round(gpu, 3), "host_ms": None if wall_ms is None else round(max(0.0, wall_ms - gpu), 3)}
+
+
 def kernel_spans(call: Callable[[int], object], iters: int, device: torch.device,
                  flush: Callable[[], None] | None = None, before: Callable[[], None] | None = None,
                  walls: bool = False, starts: bool = False):

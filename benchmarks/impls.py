@@ -5,6 +5,10 @@ as attn_mask, HF's default; "eager": explicit softmax) x the compiler (none, Ind
 (default or "reduce-overhead", i.e. CUDA graphs) x compiled autograd (the backward traced into its own graph
 and compiled by the same backend; needs the backward inside the compiled function).
 
+COMPARED is what both benchmarks' default sets hold besides the eager baselines: samhq and Inductor, each on both
+attention classes, each in default mode and reduce-overhead, so a run's per-mode summary holds samhq to Inductor's
+best build of the same mode.  --modes (`filter_modes`) keeps the compiled impls of some modes only.
+
 `compile_kwargs` is how each one is reached, and `recipe` says it in one line for the results rows: samhq's
 mode goes in as options["samhq.mode"] when other options come with it (torch.compile refuses mode= with
 options=; README "Options").
@@ -22,6 +26,11 @@ class Impl:
     backend: str | None             # torch.compile backend; None = not compiled
     mode: str | None = None         # torch.compile mode; None = default
     compiled_autograd: bool = False  # torch._dynamo.config.compiled_autograd
+
+    @property
+    def mode_name(self) -> str:
+        """'default' or 'reduce-overhead': the mode a results row records."""
+        return self.mode or "default"
 
     @property
     def family(self) -> str:
@@ -45,6 +54,25 @@ IMPLS = {
     "samhq-eager-ca-ro": Impl("eager", "samhq", RO, True),
     "inductor-eager-ca-ro": Impl("eager", "inductor", RO, True),
 }
+
+
+MODES = ("default", RO)
+# samhq and Inductor x both attention classes x both modes: the peers a "faster than Inductor" claim is held to
+COMPARED = ("inductor", "inductor-eager", "inductor-ro", "inductor-eager-ro",
+            "samhq-eager", "samhq-sdpa", "samhq-eager-ro", "samhq-sdpa-ro")
+
+
+def filter_modes(names: tuple[str, ...], spec: str | None, known: dict = IMPLS) -> tuple[str, ...]:
+    """--modes: keep the compiled impls whose mode is in the comma list `spec` ('default', 'reduce-overhead';
+    'ro' is short for the latter); the uncompiled ones (no mode; the reference of the correctness check) stay.
+    None: all of `names`.  SystemExit naming an unknown mode."""
+    if not spec:
+        return names
+    modes = {RO if m.strip() == "ro" else m.strip() for m in spec.split(",") if m.strip()}
+    bad = sorted(modes - set(MODES))
+    if bad:
+        raise SystemExit(f"unknown modes {bad}; modes: {', '.join(MODES)} (or ro)")
+    return tuple(n for n in names if known[n].backend is None or known[n].mode_name in modes)
 
 
 def compile_kwargs(impl: Impl, options: dict | None = None) -> dict:

@@ -1,7 +1,9 @@
-"""Inference benchmark: SAM-HQ ViT-B image encoder (or the whole SamHQModel), forward only, per implementation.
+"""Inference benchmark: SAM-HQ ViT-B/L/H image encoder (or the whole SamHQModel), forward only, per implementation.
 
-Model: transformers' SamHQModel with a ViT-B vision encoder at 1024x1024 (samhq_fx.models.sam_hq_config), random
-weights (samhq_fx.models.random_init_), .eval(), every call under torch.no_grad().  --target encoder (default)
+Model: transformers' SamHQModel with a vision encoder of --model's size at 1024x1024
+(samhq_fx.models.sam_hq_config(full=True, size=...): "vit-b", the default, "vit-l" or "vit-h", VIT_SIZES; --quick:
+the small CPU model, sam_hq_config(full=False), recorded as model "tiny"), random weights
+(samhq_fx.models.random_init_), .eval(), every call under torch.no_grad().  --target encoder (default)
 times model.vision_encoder(pixel_values) -- the image embeddings, where all rel-pos attention and nearly all
 FLOPs are; --target model times model(pixel_values, input_boxes=one box per image, multimask_output=False).
 Precision: "tf32" = fp32 weights with torch.set_float32_matmul_precision("high"); "bf16" = the model and input
@@ -9,9 +11,13 @@ cast to bfloat16 (inference keeps no fp32 master weights, so no autocast).
 Implementations (benchmarks/impls.py; each row's "recipe" says how it was built): eager-sdpa (HF's default
 class), eager-eager, inductor (default mode) and inductor-ro (mode="reduce-overhead", CUDA graphs) on the
 "sdpa" class, the same two on the "eager" class (inductor-eager, inductor-eager-ro), samhq-eager, samhq-sdpa,
-samhq-eager-ro, samhq-sdpa-ro.  Every compile is dynamic=False, fresh per cell.
+samhq-eager-ro, samhq-sdpa-ro (impls.COMPARED, with the two eager baselines: the default set).  --modes default /
+--modes reduce-overhead (or ro) keeps only the compiled impls of that mode (the eager baselines, the check's
+reference, stay).  Every compile is dynamic=False, fresh per cell.
 
-Per (target, dtype, batch, impl) cell, all cells of a (target, dtype, batch) group in one process (host-bound
+Every row records its "model"; rows of different models are never compared (summaries, the check and merge keys
+include it), and rows without one (files written before --model) are read as "vit-b".
+Per (model, target, dtype, batch, impl) cell, all cells of a (model, target, dtype, batch) group in one process (host-bound
 timings from different processes are not comparable; --gpus N splits whole groups over N GPUs):
   latency ms   median over --iters calls after --warmup calls (the first compiles; reduce-overhead records its
                graph in the next ones), CUDA events around the call, torch.compiler.cudagraph_mark_step_begin()
@@ -21,12 +27,25 @@ timings from different processes are not comparable; --gpus N splits whole group
                (weights, activations and any CUDA-graph pool together);
   GPU busy     one more call under torch.profiler: sum of its GPU records' durations / its wall on the GPU
                (common.busy_share);
+  gpu_ms, host_ms  from that profiled call: gpu_ms = the sum of its GPU records' durations (kernels, memcpy,
+               memset; the numerator of GPU busy), host_ms = latency - gpu_ms, clipped at 0: the part of a call
+               the GPU waited for the host (launches, Python, guards) rather than computed (None without the
+               profile: CPU, --no-profile);
   check        (out.float() * probe).mean() of the first call, relative difference from eager-eager's (else
                eager-sdpa's) of the same group: FAIL above 1e-2 (tf32) / 1e-1 (bf16);
   cudagraph_skips (reduce-overhead cells), graph_breaks, fused (samhq cells).
-Summary per group: the fastest samhq, Inductor and eager rows and samhq's speedup over each (plot.best_per_family).
+Summaries, over the OK rows of the run:
+  "summary"          per group: the fastest samhq, Inductor and eager rows (any mode) and samhq's speedup over each
+                     (plot.best_per_family);
+  "summary_by_mode"  per (model, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row
+                     of the SAME mode (either attention class), the ratio Inductor latency / samhq latency and both
+                     sides' host_ms and gpu_busy (plot.best_by_mode), printed last as one line each, e.g.
+                     "vit-b encoder bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms: 1.73x (host 1.2 /
+                     2.3 ms, busy 88% / 93%)" ("-" where not measured).
 
   python benchmarks/inference.py                          # encoder, tf32+bf16, batch 1+8, 10 impls, 480 s budget
+  python benchmarks/inference.py --model vit-l --batch 1  # SAM-HQ's ViT-L encoder
+  python benchmarks/inference.py --modes default          # default-mode builds (and the eager baselines) only
   python benchmarks/inference.py --gpus 2                 # the 4 (dtype, batch) groups over 2 GPUs
   python benchmarks/inference.py --quick                  # CPU smoke test (small model), used in CI
 Writes <out>/inference.json after every cell, <out>/inference.png (if matplotlib), and a table last.
@@ -52,17 +71,18 @@ IMPLS = {n: i for n, i in impls.IMPLS.items() if not i.compiled_autograd}  # no 
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
 DTYPES = ("tf32", "bf16")
 TARGETS = ("encoder", "model")
+MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
 CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1}
 PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forward-only compiles: guess, H200 host
 RESULTS_NAME = "inference.json"
 
 
-def build(attn: str, quick: bool, device: torch.device, dtype: str):
+def build(attn: str, quick: bool, device: torch.device, dtype: str, size: str = "vit-b"):
     from transformers import SamHQModel
 
     from samhq_fx.models import random_init_, sam_hq_config
 
-    model = random_init_(SamHQModel(sam_hq_config(attn, full=not quick)))
+    model = random_init_(SamHQModel(sam_hq_config(attn, full=not quick, size=size)))
     got = type(model.vision_encoder.layers[0].attn).__name__
     if ("Sdpa" in got) != (attn == "sdpa"):
         raise RuntimeError(f"asked for attn_implementation={attn!r}, got {got}")
@@ -77,10 +97,10 @@ def run_cell(key: tuple, args, device) -> dict:
     target, dtype, batch, name = key
     impl = IMPLS[name]
     what = "model.vision_encoder" if target == "encoder" else "model"
-    row = {"target": target, "dtype": dtype, "batch": batch, "impl": name, "attn_implementation": impl.attn,
+    row = {"model": args.model, "target": target, "dtype": dtype, "batch": batch, "impl": name, "attn_implementation": impl.attn,
            "compiler": impl.backend or "none", "mode": impl.mode or "default", "recipe": impls.recipe(impl, what),
            "status": None, "detail": "", "latency_ms": None, "images_per_s": None, "peak_mib": None,
-           "gpu_busy": None, "compile_s": None, "check": None, "fused": None}
+           "gpu_busy": None, "gpu_ms": None, "host_ms": None, "compile_s": None, "check": None, "fused": None}
     cuda = device.type == "cuda"
     common.reset_compile_state()
     common.set_precision("high")
@@ -88,7 +108,7 @@ def run_cell(key: tuple, args, device) -> dict:
     breaks0 = sum(counters["graph_break"].values())
     try:
         with cudagraph_skips() as skips, torch.no_grad():
-            model = build(impl.attn, args.quick, device, dtype)
+            model = build(impl.attn, args.quick, device, dtype, args.model)
             cfg = model.config.vision_config
             gen = torch.Generator().manual_seed(batch)
             x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=gen).to(device, model.dtype)
@@ -118,13 +138,15 @@ def run_cell(key: tuple, args, device) -> dict:
             common.sync(device)
             times = common.wall_times(call, args.iters, device, flush=None, before=before)
             row["latency_ms"] = common.median(times) / 1e3
-            row["images_per_s"] = round(batch / (row["latency_ms"] / 1e3), 2)
+            row["images_per_s"] = float(f"{batch / (row['latency_ms'] / 1e3):.4g}")  # 4 digits, also below 10/s (CPU)
             if cuda:
                 row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
             if cuda and args.profile:
                 _, kernels, walls = common.kernel_spans(call, 1, device, before=before, walls=True)
-                busy = common.busy_share(kernels[0] if kernels else [], walls[0] if walls else None)
+                ks = kernels[0] if kernels else []
+                busy = common.busy_share(ks, walls[0] if walls else None)
                 row["gpu_busy"] = None if busy is None else round(busy, 4)
+                row.update(common.host_gpu_ms(ks, row["latency_ms"]))
         row["status"] = "OK"
     except Exception as e:  # compile errors, OOM, ...: record and go on
         row["status"] = "ERROR"
@@ -138,7 +160,8 @@ def run_cell(key: tuple, args, device) -> dict:
     return row
 
 
-GROUP = ("target", "dtype", "batch")
+GROUP = ("model", "target", "dtype", "batch")  # what a summary line and the check compare within
+CELL = ("target", "dtype", "batch", "impl")  # a cell of this run (its model is --model)
 
 
 def check_outputs(rows: list[dict]) -> None:
@@ -158,15 +181,30 @@ def summarize(rows: list[dict]) -> list[dict]:
     return plot.best_per_family(rows, GROUP, "latency_ms")
 
 
+def summarize_by_mode(rows: list[dict]) -> list[dict]:
+    """Per (model, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the same
+    mode, either attention class, with the ratio and both sides' host ms and GPU busy (plot.best_by_mode)."""
+    return plot.best_by_mode(rows, GROUP, "latency_ms")
+
+
+def print_summary_by_mode(payload: dict) -> None:
+    """The per-mode lines, printed last."""
+    if payload["summary_by_mode"]:
+        print("\n" + plot.SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in payload["summary_by_mode"]), flush=True)
+
+
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
-    rows = sorted(rows, key=lambda r: (r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
+    rows = sorted(rows, key=lambda r: (r["model"], r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
     print()
     common.print_table(
-        ["target", "dtype", "batch", "impl", "latency_ms", "images/s", "gpu_busy", "peak_MiB", "compile_s",
+        ["model", "target", "dtype", "batch", "impl", "latency_ms", "images/s", "host_ms", "gpu_ms", "gpu_busy",
+         "peak_MiB", "compile_s",
          "check_rel", "fused", "cg_skips", "breaks", "status", "detail"],
-        [[r["target"], r["dtype"], r["batch"], r["impl"], common.fmt(r.get("latency_ms"), ".2f"),
-          common.fmt(r.get("images_per_s")), "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.1f}%",
+        [[r["model"], r["target"], r["dtype"], r["batch"], r["impl"],
+          common.fmt(r.get("latency_ms"), ".2f"), common.fmt(r.get("images_per_s")), common.fmt(r.get("host_ms"), ".2f"),
+          common.fmt(r.get("gpu_ms"), ".2f"), "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.1f}%",
           common.fmt(r.get("peak_mib")), common.fmt(r.get("compile_s")), common.fmt(r.get("check_rel_diff"), ".1e"),
           common.fmt(r.get("fused"), "d"), common.fmt(r.get("cudagraph_skips"), "d"),
           common.fmt(r.get("graph_breaks"), "d"), r["status"],
@@ -175,8 +213,8 @@ def print_report(rows: list[dict]) -> None:
     if any("best_samhq" in s for s in summary):
         print("\nbest per family in this run (latency ms; samhq's speedup over the fastest Inductor / eager row):")
         common.print_table(
-            ["target", "dtype", "batch", "samhq", "ms", "inductor", "ms", "vs_inductor", "vs_eager"],
-            [[s["target"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_latency_ms"), ".2f"),
+            ["model", "target", "dtype", "batch", "samhq", "ms", "inductor", "ms", "vs_inductor", "vs_eager"],
+            [[s["model"], s["target"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_latency_ms"), ".2f"),
               s.get("best_inductor", "-"), common.fmt(s.get("best_inductor_latency_ms"), ".2f"),
               common.fmt(s.get("samhq_speedup_vs_inductor"), ".2f"), common.fmt(s.get("samhq_speedup_vs_eager"), ".2f")]
              for s in summary])
@@ -186,7 +224,12 @@ def print_report(rows: list[dict]) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default=None, help=f"comma list from {', '.join(IMPLS)} (default all of them)")
+    ap.add_argument("--model", default="vit-b", choices=MODELS,
+                    help="SAM-HQ image encoder size (samhq_fx.models.VIT_SIZES; default vit-b); --quick: the small one")
     ap.add_argument("--target", default="encoder", help="comma list of encoder,model (default encoder)")
+    ap.add_argument("--modes", default=None,
+                    help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
+                         "(the uncompiled eager baselines stay); default both")
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell")
@@ -201,9 +244,10 @@ def parse_args(argv=None):
         cells, (args.dtype, args.batch, args.impls) = parsed
         args.cells = {(d, int(b), i) for d, b, i in cells}
     if args.quick:
-        args.iters, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
+        args.iters, args.warmup, args.batch, args.dtype, args.model = 1, 1, "1", "tf32", "tiny"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
     args.impls = impls.parse(args.impls, tuple(IMPLS), IMPLS)
+    args.impls = impls.filter_modes(args.impls, args.modes, IMPLS)
     args.target = tuple(args.target.split(","))
     args.dtype = tuple(args.dtype.split(","))
     bad = [t for t in args.target if t not in TARGETS] + [d for d in args.dtype if d not in DTYPES]
@@ -218,7 +262,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     device, budget, env = common.start_run(args, PRIORS)
     t0 = budget.t0
-    common.log(f"inference on {env['device']}: torch {env['torch']}; impls {','.join(args.impls)}; "
+    common.log(f"inference on {env['device']}: torch {env['torch']}; model {args.model}; impls {','.join(args.impls)}; "
                f"targets {args.target}; batch {args.batch}; {','.join(args.dtype)}", t0)
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
@@ -232,12 +276,14 @@ def main(argv=None) -> dict:
     path = os.path.join(args.out, RESULTS_NAME)
     method = __doc__[__doc__.index("Model:"):__doc__.index("  python benchmarks")].strip()
     config = {"iters": args.iters, "warmup": args.warmup, "quick": args.quick, "profile": args.profile,
-              "gpus": args.gpus, "model_config": "sam_hq_config(full=False)" if args.quick else "sam_hq_config(full=True)"}
+              "gpus": args.gpus, "model": args.model,
+              "model_config": "sam_hq_config(full=False)" if args.quick else f"sam_hq_config(full=True, size={args.model!r})"}
 
     def save():
         check_outputs(rows)
-        payload = {"benchmark": "SamHQModel ViT-B inference (forward, no grad)", "env": env, "method": method,
-                   "config": config, "results": rows, "summary": summarize(rows), "skipped": skipped}
+        payload = {"benchmark": "SamHQModel inference (forward, no grad; SAM-HQ ViT-B/L/H encoder, each row's model)", "env": env, "method": method,
+                   "config": config, "results": rows, "summary": summarize(rows),
+                   "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
         common.write_json(path, payload)
         return payload
 
@@ -248,15 +294,15 @@ def main(argv=None) -> dict:
         shares = common.shard_groups(cells, lambda c: PRIORS[c.split("/")[2]], args.gpus,
                                      group=lambda c: c.rsplit("/", 1)[0])
         child = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
-                 "--no-chart", "--device", "cuda"] + ([] if args.profile else ["--no-profile"])
+                 "--no-chart", "--device", "cuda", "--model", args.model] + ([] if args.profile else ["--no-profile"])
         rows += common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
                                    timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         done = {(r["target"], r["dtype"], r["batch"], r["impl"]) for r in rows}
-        skipped += [dict(zip(GROUP + ("impl",), c)) for c in todo if c not in done]
+        skipped += [dict(zip(CELL, c), model=args.model) for c in todo if c not in done]
         todo = []
     for key in todo:
         if not budget.fits(key[3]):
-            skipped.append(dict(zip(GROUP + ("impl",), key)))
+            skipped.append(dict(zip(CELL, key), model=args.model))
             continue
         tcell = time.perf_counter()
         row = run_cell(key, args, device)
@@ -265,8 +311,9 @@ def main(argv=None) -> dict:
         budget.record(key[3], row["cell_s"])
         rows.append(row)
         save()
-        common.log(f"{key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
+        common.log(f"{args.model} {key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
                    f"{common.fmt(row['latency_ms'], '.2f'):>8s} ms  {common.fmt(row['images_per_s']):>8s} img/s  "
+                   f"host {common.fmt(row['host_ms'], '.2f')} ms  "
                    f"peak {common.fmt(row['peak_mib']):>8s} MiB  compile {common.fmt(row['compile_s'])} s"
                    + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
     payload = save()
@@ -276,6 +323,7 @@ def main(argv=None) -> dict:
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     common.log(f"wrote {path}", t0)
+    print_summary_by_mode(payload)
     return payload
 
 

@@ -8,9 +8,13 @@ Everything here reads result rows (dicts from the runners' JSON), nothing else: 
 (sol_execbench_076.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
 can be redrawn from a results file without the code that timed it.  Orders come from the rows (workloads by
 size, implementations as they first appear).
-Merging: rows are keyed by (precision, workload, impl) for sol076, (impl, batch, dtype) for train_step and
-(target, dtype, batch, impl) for inference; a later file wins.  The merged JSON is written next to the first
-file as *_merged.json.  matplotlib is optional (not installed in CI): without it the charts are skipped with
+Merging: rows are keyed by (precision, workload, impl) for sol076, (model, impl, batch, dtype) for train_step and
+(model, target, dtype, batch, impl) for inference; a later file wins.  A train_step / inference row without
+`model` (files written before --model) is read as "vit-b", one without `compiler` / `mode` by its impl name
+(normalize_rows).  The merged JSON is written next to the first
+file as *_merged.json.  train_step / inference charts: one panel per model, one bar per impl (one color per impl in
+every panel), the reduce-overhead builds hatched; their summaries: best_per_family ("summary", any mode) and
+best_by_mode ("summary_by_mode", samhq against Inductor of the same mode, printed as lines).  matplotlib is optional (not installed in CI): without it the charts are skipped with
 a message.
 """
 
@@ -25,23 +29,29 @@ import sys
 PRECISION_ORDER = ("highest", "high", "medium")  # fp32 matmul precisions, most exact first
 
 
-def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: bool = True) -> str:
-    """Grouped bars: one group per entry of `groups`, one bar per series (None = missing bar)."""
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception:
-        return f"matplotlib not importable: skipped chart {path}"
+        return None
+    return plt
+
+
+def _bars(ax, groups, series: dict, title: str, ylabel: str, log: bool, hatched=(), colors=None) -> None:
+    """Grouped bars on `ax`: one group per entry of `groups`, one bar per series (None = missing bar); the series
+    named in `hatched` drawn hatched (the CUDA-graph builds of train_step / inference), colors by name if given."""
     n = max(1, len(series))
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(min(16, max(7, 0.55 * len(groups) * max(1, n / 4) + 2)), 6))
     for k, (name, ys) in enumerate(series.items()):
         xs = [g + (k - (n - 1) / 2) * width for g in range(len(groups))]
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
         if pts:
-            ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name)
+            ax.bar([p[0] for p in pts], [p[1] for p in pts], width=width, label=name,
+                   color=(colors or {}).get(name),
+                   hatch="//" if name in hatched else None, edgecolor="white" if name in hatched else None)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=45, ha="right")
     if log:
@@ -49,8 +59,41 @@ def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: boo
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="y", which="both", alpha=0.3)
+
+
+def bar_chart(groups, series: dict, path: str, title: str, ylabel: str, log: bool = True) -> str:
+    """Grouped bars: one group per entry of `groups`, one bar per series (None = missing bar)."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib not importable: skipped chart {path}"
+    n = max(1, len(series))
+    fig, ax = plt.subplots(figsize=(min(16, max(7, 0.55 * len(groups) * max(1, n / 4) + 2)), 6))
+    _bars(ax, groups, series, title, ylabel, log)
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def panel_chart(panels: list[tuple[str, list, dict]], path: str, title: str, ylabel: str, log: bool = True,
+                hatched=()) -> str:
+    """One grouped-bar panel per (panel title, groups, series), stacked, one legend for all (series by name)."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib not importable: skipped chart {path}"
+    width = max(min(16, max(7, 0.55 * len(g) * max(1, len(sr) / 4) + 2)) for _, g, sr in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 1 + 4.5 * len(panels)), squeeze=False)
+    handles: dict = {}
+    names = list(dict.fromkeys(n for _, _, sr in panels for n in sr))
+    colors = {n: f"C{k % 10}" for k, n in enumerate(names)}  # one color per series in every panel
+    for ax, (sub, groups, series) in zip(axes[:, 0], panels):
+        _bars(ax, groups, series, sub, ylabel, log, hatched, colors)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.suptitle(title)
+    fig.legend(list(handles.values()), list(handles), fontsize=8, ncol=5, loc="lower center", frameon=False)
+    fig.tight_layout(rect=(0, 0.03 + 0.04 * ((len(handles) + 4) // 5) / len(panels), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return f"wrote {path}"
@@ -112,26 +155,56 @@ def sol076_charts(payload: dict, out_dir: str) -> list[str]:
     return msgs
 
 
+def _model_panels(rows: list[dict], group: tuple, value: str, label) -> tuple[list, set]:
+    """One panel per model (as the rows first name them): groups `group` (sorted), one series per impl, and the
+    impls whose rows ran in reduce-overhead (hatched)."""
+    normalize_rows(rows)
+    panels = []
+    for model in _first_seen(rows, "model"):
+        mr = [r for r in rows if r["model"] == model]
+        groups = sorted({tuple(r[g] for g in group) for r in mr})
+        cell = {tuple(r[g] for g in group) + (r["impl"],): r[value] for r in mr}
+        series = {i: [cell.get(g + (i,)) for g in groups] for i in _first_seen(mr, "impl")}
+        panels.append((model, [label(*g) for g in groups], series))
+    return panels, {r["impl"] for r in rows if r["mode"] == "reduce-overhead"}
+
+
 def train_chart(payload: dict, out_dir: str) -> list[str]:
-    """ms/step per (batch, dtype) group, one bar per implementation."""
+    """ms/step per (batch, dtype) group, one bar per implementation (CUDA-graph builds hatched), one panel per model."""
     rows = [r for r in payload["results"] if r.get("ms_per_step")]
-    groups = sorted({(r["batch"], r["dtype"]) for r in rows})
-    impls = _first_seen(rows, "impl")
-    cell = {(r["batch"], r["dtype"], r["impl"]): r["ms_per_step"] for r in rows}
-    series = {i: [cell.get((b, d, i)) for b, d in groups] for i in impls}
-    return [bar_chart([f"B={b} {d}" for b, d in groups], series, os.path.join(out_dir, "train_step.png"),
-                      f"SamHQ ViT-B train step, {payload['env'].get('device')}", "ms / step (log)")]
+    panels, ro = _model_panels(rows, ("batch", "dtype"), "ms_per_step", lambda b, d: f"B={b} {d}")
+    if not panels:
+        return []
+    return [panel_chart(panels, os.path.join(out_dir, "train_step.png"),
+                        f"SAM-HQ encoder train step, {payload['env'].get('device')}", "ms / step (log)", hatched=ro)]
 
 
 def inference_chart(payload: dict, out_dir: str) -> list[str]:
-    """images/s per (target, dtype, batch) group, one bar per implementation."""
+    """images/s per (target, dtype, batch) group, one bar per implementation (CUDA-graph builds hatched), one panel
+    per model."""
     rows = [r for r in payload["results"] if r.get("images_per_s")]
-    groups = sorted({(r["target"], r["dtype"], r["batch"]) for r in rows})
-    impls = _first_seen(rows, "impl")
-    cell = {(r["target"], r["dtype"], r["batch"], r["impl"]): r["images_per_s"] for r in rows}
-    series = {i: [cell.get(g + (i,)) for g in groups] for i in impls}
-    return [bar_chart([f"{t} {d} B={b}" for t, d, b in groups], series, os.path.join(out_dir, "inference.png"),
-                      f"SamHQ ViT-B inference (no grad), {payload['env'].get('device')}", "images / s (log)")]
+    panels, ro = _model_panels(rows, ("target", "dtype", "batch"), "images_per_s", lambda t, d, b: f"{t} {d} B={b}")
+    if not panels:
+        return []
+    return [panel_chart(panels, os.path.join(out_dir, "inference.png"),
+                        f"SAM-HQ inference (no grad), {payload['env'].get('device')}", "images / s (log)", hatched=ro)]
+
+
+DEFAULT_MODEL = "vit-b"  # what the rows of files written before `model` was recorded timed
+
+
+def normalize_rows(rows: list[dict]) -> list[dict]:
+    """train_step / inference rows as the summaries and charts read them, filled in place: `model` missing (files
+    written before --model) is "vit-b"; `compiler` and `mode` missing (older train_step files) are read from the
+    impl name (benchmarks/impls.py spells them: "samhq-*" / "inductor*" compiled, "-ro" reduce-overhead)."""
+    for r in rows:
+        r.setdefault("model", DEFAULT_MODEL)
+        name = str(r.get("impl", ""))
+        if "compiler" not in r:
+            r["compiler"] = next((c for c in ("samhq", "inductor") if name.startswith(c)), "none")
+        if "mode" not in r:
+            r["mode"] = "reduce-overhead" if name.endswith("-ro") else "default"
+    return rows
 
 
 def family(row: dict) -> str:
@@ -162,19 +235,81 @@ def best_per_family(rows: list[dict], group: tuple, value: str) -> list[dict]:
     return out
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 1 else f"{v:.2f}"
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def best_by_mode(rows: list[dict], group: tuple, value: str) -> list[dict]:
+    """Per group and mode (e.g. model, dtype, batch, mode): the fastest OK samhq row against the fastest OK
+    Inductor row of the SAME mode (either attention class; lowest `value`), with the ratio Inductor / samhq and each
+    side's host_ms and gpu_busy.  Entries: the group's keys, "mode", "samhq" / "inductor" (impl names, None when
+    the group has no such row), "samhq_<value>", "inductor_<value>", "samhq_host_ms", "inductor_host_ms",
+    "samhq_gpu_busy", "inductor_gpu_busy", "samhq_speedup_vs_inductor", and "line" (summary_line)."""
+    normalize_rows(rows)
+    keys = group + ("mode",)
+    groups = list(dict.fromkeys(tuple(r[g] for g in group) for r in rows))
+    modes = ("default", "reduce-overhead")
+    out = []
+    for key in sorted(dict.fromkeys(tuple(r[g] for g in keys) for r in rows),  # as the groups come, default first
+                      key=lambda k: (groups.index(k[:-1]), modes.index(k[-1]) if k[-1] in modes else len(modes))):
+        best: dict[str, dict] = {}
+        for r in rows:
+            f = family(r)
+            if tuple(r[g] for g in keys) != key or f == "eager" or r.get("status") != "OK" or not r.get(value):
+                continue
+            if f not in best or r[value] < best[f][value]:
+                best[f] = r
+        if not best:
+            continue  # the eager baselines' mode: nothing compiled to compare
+        entry = dict(zip(keys, key))
+        for f in ("samhq", "inductor"):
+            r = best.get(f, {})
+            entry[f], entry[f"{f}_{value}"] = r.get("impl"), r.get(value)
+            entry[f"{f}_host_ms"], entry[f"{f}_gpu_busy"] = r.get("host_ms"), r.get("gpu_busy")
+        both = "samhq" in best and "inductor" in best
+        entry["samhq_speedup_vs_inductor"] = round(best["inductor"][value] / best["samhq"][value], 3) if both else None
+        entry["line"] = summary_line(entry, group, value)
+        out.append(entry)
+    return out
+
+
+def summary_line(entry: dict, group: tuple, value: str) -> str:
+    """One best_by_mode entry as a line, e.g. 'vit-b bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms:
+    1.73x (host 1.2 / 2.3 ms, busy 88% / 93%)' (samhq first in each pair; '-' where not measured)."""
+    head = " ".join(f"b{entry[g]}" if g == "batch" else str(entry[g]) for g in group) + f" {entry['mode']}:"
+    s, i = entry.get("samhq"), entry.get("inductor")
+    side = lambda f: f"{entry[f]} {_ms(entry[f'{f}_{value}'])} ms"  # noqa: E731
+    if s and i:
+        return (f"{head} {side('samhq')} vs {side('inductor')}: {entry[f'inductor_{value}'] / entry[f'samhq_{value}']:.2f}x "
+                f"(host {_ms(entry['samhq_host_ms'])} / {_ms(entry['inductor_host_ms'])} ms, "
+                f"busy {_pct(entry['samhq_gpu_busy'])} / {_pct(entry['inductor_gpu_busy'])})")
+    f = "samhq" if s else "inductor"
+    return (f"{head} {side(f)}, no {'Inductor' if s else 'samhq'} row of this mode "
+            f"(host {_ms(entry[f'{f}_host_ms'])} ms, busy {_pct(entry[f'{f}_gpu_busy'])})")
+
+
+SUMMARY_BY_MODE_TITLE = ("samhq vs Inductor, mode by mode (the fastest OK row of each, either attention class; "
+                         "ratio = Inductor / samhq; host and busy: samhq / Inductor):")
+
+
 # kind: (row key for merging, table columns, chart)
 KINDS = {
     "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
                                                     "status"), sol076_charts),
-    "train_step": (("impl", "batch", "dtype"), ("dtype", "batch", "impl", "ms_per_step", "gpu_busy", "peak_mib",
-                                                "cudagraph_skips", "status"), train_chart),
-    "inference": (("target", "dtype", "batch", "impl"), ("target", "dtype", "batch", "impl", "latency_ms",
-                                                         "images_per_s", "gpu_busy", "peak_mib", "cudagraph_skips",
-                                                         "status"), inference_chart),
+    "train_step": (("model", "impl", "batch", "dtype"),
+                   ("model", "dtype", "batch", "impl", "ms_per_step", "host_ms", "gpu_ms", "gpu_busy", "peak_mib",
+                    "cudagraph_skips", "status"), train_chart),
+    "inference": (("model", "target", "dtype", "batch", "impl"),
+                  ("model", "target", "dtype", "batch", "impl", "latency_ms", "images_per_s", "host_ms", "gpu_ms",
+                   "gpu_busy", "peak_mib", "cudagraph_skips", "status"), inference_chart),
 }
 
 
-SUMMARY_GROUPS = {"train_step": ("dtype", "batch"), "inference": ("target", "dtype", "batch")}
+SUMMARY_GROUPS = {"train_step": ("model", "dtype", "batch"), "inference": ("model", "target", "dtype", "batch")}
 SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 
@@ -207,18 +342,24 @@ def main(argv=None) -> None:
     merged = dict(payloads[-1])
     rows = {}
     for p in payloads:
+        if kind != "sol076":
+            normalize_rows(p["results"])
         rows.update({tuple(r.get(k) for k in keys): r for r in p["results"]})
     merged["results"] = list(rows.values())
     if kind == "sol076":
         merged["summary"] = sol076_summary(merged["results"])
     else:  # the fastest samhq / Inductor / eager row per group, over the merged rows
         merged["summary"] = best_per_family(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
+        merged["summary_by_mode"] = best_by_mode(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
     out_dir = os.path.dirname(os.path.abspath(paths[0]))
     msgs = chart(merged, out_dir)
     print_rows(merged["results"], columns)
     if kind != "sol076" and merged["summary"]:
         print()
         print_rows(merged["summary"], list(dict.fromkeys(k for e in merged["summary"] for k in e)))
+    if merged.get("summary_by_mode"):
+        print("\n" + SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in merged["summary_by_mode"]))
     if len(paths) > 1:
         out = os.path.splitext(os.path.abspath(paths[0]))[0] + "_merged.json"
         with open(out, "w") as f:

@@ -1,8 +1,11 @@
-"""Training-step benchmark: HF SamHQVisionModel ViT-B at 1024x1024, forward + backward + optimizer, per implementation.
+"""Training-step benchmark: HF SamHQVisionModel ViT-B/L/H at 1024x1024, forward + backward + optimizer, per implementation.
 
-Model: transformers' SamHQVisionModel with SamHQVisionConfig() defaults (ViT-B: hidden 768, 12 layers, 12 heads,
-window 14, global attention in layers 2/5/8/11, image 1024, patch 16), randomly initialised (seed 0,
-initializer_range 0.02 instead of the config's 1e-10 so activations are not ~0).  The attention implementation
+Model: transformers' SamHQVisionModel of --model's size, samhq_fx.models.vision_config(size): "vit-b" (the
+default; equal to SamHQVisionConfig() defaults: hidden 768, 12 layers, 12 heads, global attention in layers
+2/5/8/11), "vit-l" (1024, 24 layers, 16 heads, global 5/11/17/23) or "vit-h" (1280, 32 layers, 16 heads, global
+7/15/23/31); all with window 14, image 1024, patch 16, MLP 4x hidden.  --quick: the tiny QUICK_CONFIG model,
+recorded as model "tiny".  Randomly initialised (seed 0, initializer_range 0.02 instead of the config's 1e-10
+so activations are not ~0).  The attention implementation
 is chosen at construction with SamHQVisionModel._from_config(config, attn_implementation=...), which works on
 transformers 5.17 and 5.24 (the layers pick their attention class when they are built), and is verified on the
 built model.
@@ -26,11 +29,15 @@ Implementations (benchmarks/impls.py; each row's "recipe" says exactly how it wa
                                    so the backward graph goes through the backend too; default mode / CUDA graphs
   inductor-eager-ca-ro             the same with Inductor (not in the default set)
 Default set: every one but the compiled-autograd ones, so the best Inductor configuration (either attention
-class, either mode) is measured in the same run as samhq; the summary holds samhq to it.
+class, either mode) is measured in the same run as samhq; the summaries hold samhq to it (over both modes, and
+mode by mode).  --modes default / --modes reduce-overhead (or ro) keeps only the compiled impls of that mode (the
+eager baselines, the loss check's reference, stay): half the compiles.
 Precision: "tf32" = fp32 with torch.set_float32_matmul_precision("high"); "bf16" = the same plus
 torch.autocast(bfloat16) around the forward.  Every compile is dynamic=False, fresh per cell.
 
-Measurements per (dtype, batch, impl) cell:
+Every row records its "model"; rows of different models are never compared (summaries, loss check and merge
+keys include it), and rows without one (files written before --model) are read as "vit-b".
+Measurements per (model, dtype, batch, impl) cell:
   ms/step   median over --steps steps after --warmup warm-up steps (the first compiles), CUDA events around the
             step (no L2 flush: a step is ~50 ms, far beyond what L2 state can change);
   peak MiB  torch.cuda.max_memory_allocated() over the warm-up (after the first step) and timed steps, absolute
@@ -39,6 +46,9 @@ Measurements per (dtype, batch, impl) cell:
             memset) / the step's wall time on the GPU (from the end of a marker kernel launched right before the
             step to the start of one launched right after it): how much of the step the GPU worked, the rest
             being host time it waited for;
+  gpu_ms, host_ms  from that profiled step: gpu_ms = the sum of its GPU records' durations (the numerator of GPU
+            busy), host_ms = ms/step - gpu_ms, clipped at 0: the share of a step the GPU spent waiting for the host
+            (launches, Python, guards, the optimizer's loop) rather than computing (None without the profile);
   attention share  in the same profile: sum of GPU kernel durations whose names look like
             attention / total GPU kernel time of the step.  "Look like attention" = name matches ATTN_PATTERN
             (flash, fmha, attention, attn, softmax, sdpa, rel_pos, samhq, flex) or starts with the name of a Triton
@@ -50,12 +60,20 @@ Measurements per (dtype, batch, impl) cell:
             compiled optimizer adds its own);
   loss, rel_pos_grad_norm  of the first step (the norm of all rel_pos_h/rel_pos_w gradients, which flow only
             through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
-            batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
+            model, batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
             tf32, 1e-1 in bf16).
-Summary per (dtype, batch): the fastest samhq, Inductor and eager rows and samhq's speedup over the fastest
-Inductor one (plot.best_per_family).
+Summaries, over the OK rows of the results file:
+  "summary"          per (model, dtype, batch): the fastest samhq, Inductor and eager rows (any mode) and samhq's
+                     speedup over the fastest Inductor and eager ones (plot.best_per_family);
+  "summary_by_mode"  per (model, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the
+                     SAME mode (either attention class; compiled-autograd rows count in their mode), the ratio
+                     Inductor ms / samhq ms and both sides' host_ms and gpu_busy (plot.best_by_mode), printed last
+                     as one line each, e.g. "vit-b bf16 b1 default: samhq-eager 41.0 ms vs inductor 46.5 ms: 1.13x
+                     (host 1.2 / 2.3 ms, busy 88% / 93%)" ("-" where not measured).
 
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
+  python benchmarks/train_step.py --model vit-h --batch 1 # SAM-HQ's ViT-H encoder
+  python benchmarks/train_step.py --modes reduce-overhead # CUDA-graph builds (and the eager baselines) only
   python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
   python benchmarks/train_step.py --gpus 2                # cells split over 2 GPUs of this host, timed at once
   python benchmarks/train_step.py --quick                 # CPU smoke test (tiny model), used in CI
@@ -85,6 +103,8 @@ QUICK_IMPLS = ("eager-eager", "samhq-eager")
 OPTIMIZERS = ("adamw-fused", "adamw-compiled", "none")
 LR = 1e-6
 DTYPES = ("tf32", "bf16")
+MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
+MODEL_LAYERS = {"vit-b": 12, "vit-l": 24, "vit-h": 32}
 # Tiny model for the CPU smoke test: 8x8 patch grid, window 2, one global layer.
 QUICK_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=4,
                     window_size=2, global_attn_indexes=(1,), output_channels=16)
@@ -92,14 +112,16 @@ ATTN_PATTERN = r"flash|fmha|attention|attn|softmax|sdpa|rel_pos|samhq|flex"
 LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1}  # relative, vs eager: catches wrong math, not rounding
 
 
-def prior_s(impl: str, batch: int) -> float:
+def prior_s(impl: str, batch: int, model: str = "vit-b") -> float:
     """Guessed seconds for a cell before one like it has run (the budget's estimate, and --gpus' share cost).
-    Compiling dominates; session 5 on the H200 host: 45-60 s at batch 1, 90-120 s at batch 4 (fresh caches);
-    compiled autograd compiles the backward a second way (guess: 1.3x)."""
+    Compiling dominates; session 5 on the H200 host, ViT-B: 45-60 s at batch 1, 90-120 s at batch 4 (fresh
+    caches); compiled autograd compiles the backward a second way (guess: 1.3x); ViT-L / ViT-H: scaled by their
+    layer count (a guess: the graph grows with the layers)."""
     spec = IMPLS[impl]
+    scale = MODEL_LAYERS.get(model, 12) / 12
     if spec.backend is None:
-        return 10.0
-    return (70.0 if batch <= 1 else 120.0) * (1.3 if spec.compiled_autograd else 1.0)
+        return 10.0 * scale
+    return (70.0 if batch <= 1 else 120.0) * (1.3 if spec.compiled_autograd else 1.0) * scale
 RESULTS_NAME = "train_step.json"
 
 
@@ -115,10 +137,13 @@ def attention_regex() -> re.Pattern:
     return re.compile("|".join([ATTN_PATTERN] + ["^" + re.escape(n) for n in names]), re.IGNORECASE)
 
 
-def build_model(attn: str, quick: bool, device: torch.device):
+def build_model(attn: str, quick: bool, device: torch.device, size: str = "vit-b"):
+    """SamHQVisionModel of `size` (samhq_fx.models.VIT_SIZES), or the tiny QUICK_CONFIG one (quick)."""
     from transformers import SamHQVisionConfig, SamHQVisionModel
 
-    cfg = SamHQVisionConfig(**QUICK_CONFIG) if quick else SamHQVisionConfig()
+    from samhq_fx.models import vision_config
+
+    cfg = SamHQVisionConfig(**QUICK_CONFIG) if quick else vision_config(size, attn)
     cfg.initializer_range = 0.02
     torch.manual_seed(0)
     model = SamHQVisionModel._from_config(cfg, attn_implementation=attn)
@@ -149,11 +174,12 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
     from samhq_fx.debug import cudagraph_skips
 
     impl = IMPLS[name]
-    row = {"impl": name, "attn_implementation": impl.attn, "compiler": impl.backend or "none",
+    row = {"model": args.model, "impl": name, "attn_implementation": impl.attn, "compiler": impl.backend or "none",
            "mode": impl.mode or "default", "compiled_autograd": impl.compiled_autograd, "optimizer": args.optimizer,
            "recipe": impls.recipe(impl, "model" if not impl.compiled_autograd else "forward_backward")
            + f"; optimizer {args.optimizer}", "batch": batch, "dtype": dtype,
            "status": None, "detail": "", "ms_per_step": None, "peak_mib": None, "compile_s": None, "gpu_busy": None,
+           "gpu_ms": None, "host_ms": None,
            "attn_share": None, "step_span_ms": None, "loss": None, "fused": None}
     cuda = device.type == "cuda"
     common.reset_compile_state()
@@ -164,7 +190,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
         try:
             stack.enter_context(impls.compiled_autograd(impl))
             skips = stack.enter_context(cudagraph_skips())
-            model, cfg = build_model(impl.attn, args.quick, device)
+            model, cfg = build_model(impl.attn, args.quick, device, args.model)
             kw = impls.compile_kwargs(impl)
             x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(batch))
             x = x.to(device)
@@ -235,7 +261,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
 
 
 def profile_step(row: dict, step, zero, device, attn_re) -> None:
-    """One more step under torch.profiler: GPU-busy share, attention share, kernel span."""
+    """One more step under torch.profiler: GPU-busy share, GPU / host ms, attention share, kernel span."""
     spans, kernels, walls = common.kernel_spans(step, 1, device, flush=None, before=zero, walls=True)
     ks = kernels[0] if kernels else []
     total = sum(d for _, d in ks)
@@ -251,15 +277,16 @@ def profile_step(row: dict, step, zero, device, attn_re) -> None:
         row["profiled_wall_ms"] = round(walls[0] / 1e3, 3)
         busy = common.busy_share(ks, walls[0])
         row["gpu_busy"] = None if busy is None else round(busy, 4)
+    row.update(common.host_gpu_ms(ks, row["ms_per_step"]))
     if spans and spans[0] is not None:
         row["step_span_ms"] = round(spans[0] / 1e3, 3)
 
 
 def check_losses(rows: list[dict]) -> None:
     """Relative differences of the first step's loss and rel-pos gradient norm from eager-eager's (else
-    eager-sdpa's) of the same (batch, dtype); a large difference turns OK into FAIL."""
+    eager-sdpa's) of the same (model, batch, dtype); a large difference turns OK into FAIL."""
     for r in rows:
-        same = [q for q in rows if q["batch"] == r["batch"] and q["dtype"] == r["dtype"] and q.get("loss") is not None]
+        same = [q for q in rows if all(q[g] == r[g] for g in GROUP) and q.get("loss") is not None]
         ref = next((q for name in ("eager-eager", "eager-sdpa") for q in same if q["impl"] == name), None)
         if r.get("loss") is None or ref is None:
             continue
@@ -271,21 +298,39 @@ def check_losses(rows: list[dict]) -> None:
                 r["status"], r["detail"] = "FAIL", f"{key} {r[key]:.6g} vs {ref['impl']} {ref[key]:.6g}"
 
 
+GROUP = ("model", "dtype", "batch")  # what a summary line and the loss check compare within
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (dtype, batch): the fastest samhq, Inductor and eager rows of this run, samhq's speedup over each."""
-    return plot.best_per_family(rows, ("dtype", "batch"), "ms_per_step")
+    """Per (model, dtype, batch): the fastest samhq, Inductor and eager rows of this run, samhq's speedup over each."""
+    return plot.best_per_family(rows, GROUP, "ms_per_step")
+
+
+def summarize_by_mode(rows: list[dict]) -> list[dict]:
+    """Per (model, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the same
+    mode, either attention class, with the ratio and both sides' host ms and GPU busy (plot.best_by_mode)."""
+    return plot.best_by_mode(rows, GROUP, "ms_per_step")
+
+
+def print_summary_by_mode(payload: dict) -> None:
+    """The per-mode lines, printed last."""
+    if payload["summary_by_mode"]:
+        print("\n" + plot.SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in payload["summary_by_mode"]), flush=True)
 
 
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
-    rows = sorted(rows, key=lambda r: (DTYPES.index(r["dtype"]), r["batch"],
+    rows = sorted(rows, key=lambda r: (r["model"], DTYPES.index(r["dtype"]), r["batch"],
                                        order.index(r["impl"]) if r["impl"] in order else len(order)))
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     print()
     common.print_table(
-        ["dtype", "batch", "impl", "ms/step", "gpu_busy", "peak_MiB", "attn_share", "compile_s", "loss_rel",
+        ["model", "dtype", "batch", "impl", "ms/step", "host_ms", "gpu_ms", "gpu_busy", "peak_MiB", "attn_share",
+         "compile_s", "loss_rel",
          "grad_rel", "fused", "cg_skips", "breaks", "status", "detail"],
-        [[r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"), pct(r.get("gpu_busy")),
+        [[r["model"], r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"),
+          common.fmt(r.get("host_ms"), ".2f"), common.fmt(r.get("gpu_ms"), ".2f"), pct(r.get("gpu_busy")),
           common.fmt(r.get("peak_mib")), pct(r.get("attn_share")), common.fmt(r.get("compile_s")),
           common.fmt(r.get("loss_rel_diff"), ".1e"), common.fmt(r.get("grad_rel_diff"), ".1e"),
           common.fmt(r.get("fused"), "d"), common.fmt(r.get("cudagraph_skips"), "d"),
@@ -295,8 +340,8 @@ def print_report(rows: list[dict]) -> None:
     if any("best_samhq" in s for s in summary):
         print("\nbest per family in this run (ms/step; samhq's speedup over the fastest Inductor / eager row):")
         common.print_table(
-            ["dtype", "batch", "samhq", "ms", "inductor", "ms", "eager", "ms", "vs_inductor", "vs_eager"],
-            [[s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_ms_per_step"), ".2f"),
+            ["model", "dtype", "batch", "samhq", "ms", "inductor", "ms", "eager", "ms", "vs_inductor", "vs_eager"],
+            [[s["model"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_ms_per_step"), ".2f"),
               s.get("best_inductor", "-"), common.fmt(s.get("best_inductor_ms_per_step"), ".2f"),
               s.get("best_eager", "-"), common.fmt(s.get("best_eager_ms_per_step"), ".2f"),
               common.fmt(s.get("samhq_speedup_vs_inductor"), ".2f"), common.fmt(s.get("samhq_speedup_vs_eager"), ".2f")]
@@ -309,6 +354,11 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impls", default=None, help=f"comma list from {', '.join(IMPLS)} "
                     f"(default: {','.join(DEFAULT_IMPLS)}; 'all' = every one)")
+    ap.add_argument("--model", default="vit-b", choices=MODELS,
+                    help="SAM-HQ image encoder size (samhq_fx.models.VIT_SIZES; default vit-b); --quick: the tiny one")
+    ap.add_argument("--modes", default=None,
+                    help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
+                         "(the uncompiled eager baselines stay); default both")
     ap.add_argument("--batch", default="1,4", help="comma list of batch sizes (default 1,4)")
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per cell")
@@ -325,9 +375,10 @@ def parse_args(argv=None):
         cells, (args.dtype, args.batch, args.impls) = parsed
         args.cells = {(impl, int(b), d) for d, b, impl in cells}
     if args.quick:
-        args.steps, args.warmup, args.batch, args.dtype = 1, 1, "1", "tf32"
+        args.steps, args.warmup, args.batch, args.dtype, args.model = 1, 1, "1", "tf32", "tiny"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
     args.impls = impls.parse(args.impls, DEFAULT_IMPLS)
+    args.impls = impls.filter_modes(args.impls, args.modes)
     bad = [d for d in args.dtype.split(",") if d not in DTYPES]
     if bad:
         raise SystemExit(f"unknown dtypes {bad}; dtypes: {', '.join(DTYPES)}")
@@ -340,27 +391,30 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     # the budget's estimates per impl and batch: a batch-4 compile takes about twice a batch-1 one
-    device, budget, env = common.start_run(args, {f"{i}/{b}": prior_s(i, b) for i in args.impls for b in args.batch})
+    device, budget, env = common.start_run(args, {f"{i}/{b}": prior_s(i, b, args.model) for i in args.impls for b in args.batch})
     t0 = budget.t0
     common.log(f"train_step on {env['device']}: torch {env['torch']}, transformers {env['transformers']}; "
-               f"impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
+               f"model {args.model}; impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
                f"samhq backend registered: {common.samhq_available()}", t0)
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
     attn_re = attention_regex()
-    done = {(r["impl"], r["batch"], r["dtype"]): r for r in common.load_rows(args.resume)  # older rows: no optimizer
-            if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer}
-    rows = list(done.values())
+    # finished rows of the same optimizer (older files: none) are kept, other models' too; this model's are done
+    rows = [r for r in plot.normalize_rows(common.load_rows(args.resume))
+            if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer]
+    done = {(r["impl"], r["batch"], r["dtype"]): r for r in rows if r["model"] == args.model}
     skipped: list[dict] = []
     path = os.path.join(args.out, RESULTS_NAME)
     method = __doc__[__doc__.index("One step ="):__doc__.index("  python benchmarks")].strip()
     config = {"steps": args.steps, "warmup": args.warmup, "quick": args.quick, "profile": args.profile, "gpus": args.gpus,
-              "optimizer": args.optimizer, "attention_regex": attn_re.pattern, "model_config": QUICK_CONFIG if args.quick else "SamHQVisionConfig()"}
+              "optimizer": args.optimizer, "attention_regex": attn_re.pattern, "model": args.model,
+              "model_config": QUICK_CONFIG if args.quick else f"samhq_fx.models.vision_config({args.model!r})"}
 
     def save():
         check_losses(rows)
-        payload = {"benchmark": "SamHQVisionModel ViT-B training step", "env": env, "method": method,
-                   "config": config, "results": rows, "summary": summarize(rows), "skipped": skipped}
+        payload = {"benchmark": "SamHQVisionModel training step (SAM-HQ ViT-B/L/H encoder; each row's model)",
+                   "env": env, "method": method, "config": config, "results": rows, "summary": summarize(rows),
+                   "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
         common.write_json(path, payload)
         return payload
 
@@ -368,13 +422,14 @@ def main(argv=None) -> dict:
         todo = [(i, b, d) for d in args.dtype for b in args.batch for i in args.impls
                 if (i, b, d) not in done and (not args.cells or (i, b, d) in args.cells)]
         child = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
-                 "--no-chart", "--device", "cuda", "--optimizer", args.optimizer] + ([] if args.profile else ["--no-profile"])
-        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: prior_s(c.split("/")[2], int(c.split("/")[1])), args.gpus)
+                 "--no-chart", "--device", "cuda", "--optimizer", args.optimizer, "--model", args.model] + ([] if args.profile else ["--no-profile"])
+        shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: prior_s(c.split("/")[2], int(c.split("/")[1]), args.model),
+                              args.gpus)
         got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
                                  timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         rows += got
         finished = {(r["impl"], r["batch"], r["dtype"]) for r in got}
-        skipped += [{"impl": i, "batch": b, "dtype": d} for i, b, d in todo if (i, b, d) not in finished]
+        skipped += [{"model": args.model, "impl": i, "batch": b, "dtype": d} for i, b, d in todo if (i, b, d) not in finished]
         done.update({c: None for c in todo})  # every cell had its GPU: nothing left for the serial loop below
         save()
 
@@ -387,7 +442,7 @@ def main(argv=None) -> dict:
                 if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
                     continue
                 if not budget.fits(f"{impl}/{batch}"):
-                    skipped.append({"impl": impl, "batch": batch, "dtype": dtype})
+                    skipped.append({"model": args.model, "impl": impl, "batch": batch, "dtype": dtype})
                     continue
                 tcell = time.perf_counter()
                 row = run_cell(impl, batch, dtype, args, device, attn_re)
@@ -396,8 +451,9 @@ def main(argv=None) -> dict:
                 budget.record(f"{impl}/{batch}", row["cell_s"])
                 rows.append(row)
                 save()
-                common.log(f"{dtype} B={batch} {impl:15s} {row['status']:5s} "
+                common.log(f"{args.model} {dtype} B={batch} {impl:15s} {row['status']:5s} "
                            f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
+                           f"host {common.fmt(row['host_ms'], '.2f')} ms  "
                            f"busy {common.fmt(None if row['gpu_busy'] is None else 100 * row['gpu_busy'])}%  "
                            f"peak {common.fmt(row['peak_mib']):>8s} MiB  "
                            f"attn {common.fmt(None if row['attn_share'] is None else 100 * row['attn_share'])}%  "
@@ -412,9 +468,11 @@ def main(argv=None) -> dict:
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     if skipped:
-        print(f"resume with: python {os.path.relpath(__file__)} --resume {path} --out {args.out} --impls {','.join(args.impls)} "
+        print(f"resume with: python {os.path.relpath(__file__)} --resume {path} --out {args.out} --model {args.model} "
+              f"--impls {','.join(args.impls)} "
               f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)} --optimizer {args.optimizer}", flush=True)
     common.log(f"wrote {path}", t0)
+    print_summary_by_mode(payload)
     return payload
 
 

@@ -70,6 +70,63 @@ def test_best_per_family_holds_samhq_to_the_fastest_inductor_row():
     assert s["samhq_speedup_vs_eager"] == round(150.0 / 48.6, 3)
 
 
+def test_host_gpu_ms_splits_the_wall_time():
+    ks = [("k1", 1500.0), ("k2", 500.0)]  # us
+    assert common.host_gpu_ms(ks, 5.0) == {"gpu_ms": 2.0, "host_ms": 3.0}
+    assert common.host_gpu_ms(ks, 1.5) == {"gpu_ms": 2.0, "host_ms": 0.0}  # clipped: the profiled call ran longer
+    assert common.host_gpu_ms([], 5.0) == {"gpu_ms": None, "host_ms": None}  # no profile (CPU)
+
+
+def _mode_rows():
+    rows = []
+    for model, impl, ms, host, busy, st in [
+        ("vit-b", "samhq-eager", 4.9, 1.2, 0.88, "OK"), ("vit-b", "samhq-sdpa", 5.5, 1.0, 0.9, "OK"),
+        ("vit-b", "inductor-eager", 8.5, 2.3, 0.93, "OK"), ("vit-b", "inductor", 9.0, 2.0, 0.9, "OK"),
+        ("vit-b", "inductor-ro", 3.0, 0.1, 0.99, "OK"),  # faster than any default-mode row: not their peer
+        ("vit-b", "samhq-eager-ro", 2.0, 0.1, 0.98, "OK"), ("vit-b", "samhq-sdpa-ro", 1.0, 0.1, 0.99, "FAIL"),
+        ("vit-b", "eager-eager", 20.0, None, None, "OK"),
+        ("vit-h", "samhq-eager", 30.0, None, None, "OK"),  # another model: its own line, no Inductor peer
+    ]:
+        mode = "reduce-overhead" if impl.endswith("-ro") else "default"
+        rows.append(dict(model=model, dtype="bf16", batch=1, impl=impl, compiler=impl.split("-")[0].replace("eager", "none"),
+                         mode=mode, status=st, latency_ms=ms, host_ms=host, gpu_busy=busy))
+    return rows
+
+
+def test_best_by_mode_holds_samhq_to_inductor_of_the_same_mode():
+    s = plot.best_by_mode(_mode_rows(), ("model", "dtype", "batch"), "latency_ms")
+    assert [(e["model"], e["mode"]) for e in s] == [("vit-b", "default"), ("vit-b", "reduce-overhead"),
+                                                    ("vit-h", "default")]
+    d, ro, h = s
+    assert (d["samhq"], d["inductor"]) == ("samhq-eager", "inductor-eager")  # inductor-ro is the other mode
+    assert d["samhq_speedup_vs_inductor"] == round(8.5 / 4.9, 3)
+    assert d["line"] == "vit-b bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms: 1.73x (host 1.2 / 2.3 ms, busy 88% / 93%)"
+    assert (ro["samhq"], ro["inductor"], ro["samhq_speedup_vs_inductor"]) == ("samhq-eager-ro", "inductor-ro", 1.5)  # FAIL never counts
+    assert h["inductor"] is None and h["samhq_speedup_vs_inductor"] is None and "no Inductor row" in h["line"]
+
+
+def test_rows_without_model_read_as_vit_b(tmp_path, capsys):
+    """Results files written before --model: plot.py merges, summarizes and charts them as vit-b, and the impl names
+    give the compiler and mode where the rows lack them (the oldest train_step files)."""
+    rows = [dict(impl=i, batch=1, dtype="bf16", status="OK", ms_per_step=ms) for i, ms in
+            [("eager-eager", 100.0), ("inductor", 47.0), ("samhq-eager", 41.0), ("samhq-eager-ro", 16.5)]]
+    path = tmp_path / "train_step_old.json"
+    path.write_text(json.dumps({"benchmark": "train step", "env": {}, "results": rows}))
+    new = dict(rows[2], model="vit-l", ms_per_step=90.0, compiler="samhq", mode="default")
+    (tmp_path / "train_step_new.json").write_text(json.dumps({"benchmark": "train step", "env": {}, "results": [new]}))
+    plot.main([str(path), str(tmp_path / "train_step_new.json")])
+    merged = json.loads((tmp_path / "train_step_old_merged.json").read_text())
+    assert sorted((r["model"], r["impl"]) for r in merged["results"]) == [
+        ("vit-b", "eager-eager"), ("vit-b", "inductor"), ("vit-b", "samhq-eager"), ("vit-b", "samhq-eager-ro"),
+        ("vit-l", "samhq-eager")]  # same impl/batch/dtype, another model: both kept
+    assert [(s["model"], s["best_samhq"], s["best_inductor"] if "best_inductor" in s else None)
+            for s in merged["summary"]] == [("vit-b", "samhq-eager-ro", "inductor"), ("vit-l", "samhq-eager", None)]
+    assert [(e["model"], e["mode"], e["samhq"], e["inductor"]) for e in merged["summary_by_mode"]] == [
+        ("vit-b", "default", "samhq-eager", "inductor"), ("vit-b", "reduce-overhead", "samhq-eager-ro", None),
+        ("vit-l", "default", "samhq-eager", None)]
+    assert "vit-b bf16 b1 default: samhq-eager 41.0 ms vs inductor 47.0 ms: 1.15x" in capsys.readouterr().out
+
+
 def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
     import impls
 
@@ -211,7 +268,7 @@ def test_sol076_quick(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------- train step
 @pytest.mark.slow
-def test_train_step_quick(tmp_path):
+def test_train_step_quick(tmp_path, capsys):
     import train_step
 
     pytest.importorskip("transformers")
@@ -222,6 +279,8 @@ def test_train_step_quick(tmp_path):
     assert impls["eager-eager"]["status"] == "OK", impls["eager-eager"]["detail"]
     assert impls["eager-eager"]["ms_per_step"] > 0
     assert all(r["optimizer"] == "adamw-fused" and r["graph_breaks"] == 0 for r in p["results"])  # a full step
+    for r in p["results"]:  # the tiny model, and no profile on CPU: the host / GPU split is recorded as unknown
+        assert r["model"] == "tiny" and r["gpu_ms"] is None and r["host_ms"] is None
     if HAVE_SAMHQ:
         r = impls["samhq-eager"]
         assert r["status"] == "OK", r["detail"]
@@ -230,6 +289,11 @@ def test_train_step_quick(tmp_path):
         assert "torch.compile(model, backend='samhq', dynamic=False)" in r["recipe"]
         (s,) = p["summary"]
         assert s["best_samhq"] == "samhq-eager" and s["samhq_speedup_vs_eager"] > 0
+        (m,) = p["summary_by_mode"]  # one cell, one mode; no Inductor row in the quick set
+        assert {k: m[k] for k in ("model", "dtype", "batch", "mode", "samhq", "inductor")} == dict(
+            model="tiny", dtype="tf32", batch=1, mode="default", samhq="samhq-eager", inductor=None)
+        assert m["line"].startswith("tiny tf32 b1 default: samhq-eager ")
+        assert capsys.readouterr().out.rstrip().endswith(m["line"])  # printed last
     else:
         assert impls["samhq-eager"]["status"] == "ERROR"
 
@@ -242,6 +306,30 @@ def test_train_step_attention_class_selection():
     for attn, cls in (("eager", "SamHQVisionAttention"), ("sdpa", "SamHQVisionSdpaAttention")):
         model, _ = train_step.build_model(attn, quick=True, device=torch.device("cpu"))
         assert type(model.vision_encoder.layers[0].attn).__name__ == cls
+
+
+def test_model_sizes_and_modes_parse():
+    """--model picks one of SAM-HQ's encoders (the tables match samhq_fx.models), --modes the compiled impls of
+    some modes; both default sets hold samhq and Inductor on both attention classes in both modes."""
+    pytest.importorskip("transformers")
+    import impls
+    import inference
+    import train_step
+
+    from samhq_fx.models import VIT_SIZES
+
+    assert train_step.MODELS == inference.MODELS == tuple(VIT_SIZES)
+    assert train_step.MODEL_LAYERS == {k: v["num_hidden_layers"] for k, v in VIT_SIZES.items()}
+    for mod in (train_step, inference):
+        d = mod.parse_args([])
+        assert d.model == "vit-b" and set(impls.COMPARED) | {"eager-eager", "eager-sdpa"} == set(d.impls)
+        assert mod.parse_args(["--model", "vit-h"]).model == "vit-h"
+        assert mod.parse_args(["--quick"]).model == "tiny"
+        ro = mod.parse_args(["--modes", "ro"]).impls
+        assert set(ro) == {"eager-sdpa", "eager-eager", "inductor-ro", "inductor-eager-ro", "samhq-eager-ro", "samhq-sdpa-ro"}
+        assert mod.parse_args(["--modes", "default,reduce-overhead"]).impls == d.impls
+        with pytest.raises(SystemExit):
+            mod.parse_args(["--modes", "max-autotune"])
 
 
 def test_train_step_cells_parse():
@@ -272,15 +360,22 @@ def test_inference_quick(tmp_path, capsys):
         assert r["images_per_s"] == pytest.approx(1e3 / r["latency_ms"], rel=1e-3)  # batch 1
         assert r["target"] == "encoder" and r["graph_breaks"] == 0
     assert rows["samhq-eager"]["fused"] == 2 and rows["samhq-eager"]["check_rel_diff"] < 1e-4
+    assert all(r["model"] == "tiny" and r["gpu_ms"] is None and r["host_ms"] is None for r in rows.values())
     assert "backend='samhq'" in rows["samhq-eager"]["recipe"]
     (s,) = p["summary"]
     assert s["best_samhq"] == "samhq-eager" and s["best_eager"] == "eager-eager"
+    (m,) = p["summary_by_mode"]  # (model, target, dtype, batch, mode); no Inductor row in the quick set
+    assert {k: m[k] for k in ("model", "target", "dtype", "batch", "mode", "samhq", "inductor")} == dict(
+        model="tiny", target="encoder", dtype="tf32", batch=1, mode="default", samhq="samhq-eager", inductor=None)
+    assert capsys.readouterr().out.rstrip().endswith(m["line"])  # printed last
+    assert m["line"].startswith("tiny encoder tf32 b1 default: samhq-eager ")
     path = str(tmp_path / inference.RESULTS_NAME)
     plot.main([path, path])
     out = capsys.readouterr().out
     assert "images_per_s" in out and "samhq-eager" in out
     merged = json.loads((tmp_path / "inference_merged.json").read_text())
-    assert len(merged["results"]) == 2
+    assert len(merged["results"]) == 2 and merged["summary_by_mode"] == p["summary_by_mode"]
+    assert m["line"] in out
 
 
 def test_plot_imports_no_runner():
