@@ -202,6 +202,10 @@ def op_pieces(enc, batch: int, dtype) -> list[dict]:
                      "us": host_us(lambda: torch.ops.samhq.rel_pos_attention(q, k, v, rh, rw, s))})
         rows.append({"piece": f"{pre}: samhq::rel_pos_attention_backward (opaque op)", "us": host_us(
             lambda: torch.ops.samhq.rel_pos_attention_backward(dout, q, k, v, rh, rw, out, lse, s))})
+        rows.append({"piece": f"{pre}: opaque op forward + backward, cProfile top own time (us per pair)",
+                     "us": None, "python": py_profile(lambda: (
+                         torch.ops.samhq.rel_pos_attention(q, k, v, rh, rw, s),
+                         torch.ops.samhq.rel_pos_attention_backward(dout, q, k, v, rh, rw, out, lse, s)), 50)})
         table = torch.randn(2 * g - 1, d, device="cuda", dtype=dtype)
         idx = (torch.arange(g)[:, None] - torch.arange(g)[None, :] + g - 1).cuda()
         rows.append({"piece": f"{pre}: samhq::index_rows", "us": host_us(lambda: torch.ops.samhq.index_rows(table, idx))})
@@ -258,7 +262,12 @@ def main():
         with open(path, "w") as f:  # after every build: a later one that fails or runs out of time loses nothing
             json.dump(result, f, indent=1, default=str)
     for p in result.get("pieces", []):
-        print(f"  {p['us']:8.1f} us  {p['piece']}")
+        if p["us"] is not None:
+            print(f"  {p['us']:8.1f} us  {p['piece']}")
+            continue
+        print(f"  {p['piece']}: " + ", ".join(f"{k} {v:.0f}" for k, v in p["python"]["own_us_by_area"].items()))
+        for r in p["python"]["by_own"][:12]:
+            print(f"      own {r['own_us']:7.1f} cum {r['cum_us']:7.1f} x{r['calls']:<4.0f} {r['fn'][:80]}")
     for name, row in result["builds"].items():
         print(f"--- {name}: Python own time by area (us/call): " + ", ".join(
             f"{k} {v:.0f}" for k, v in list(row["python"]["own_us_by_area"].items())[:10]))
