@@ -3,8 +3,8 @@
 fp32 on CPU. Each compiles the vision encoder only, fuses its rel-pos attention, and its first loss is
 eager's. `TrainingArguments(torch_compile_backend="samhq")` is refused by accelerate; a test says so.
 
-aot_eager (`samhq.inductor: False`) keeps each compile to 20-30 s on a 2-core CPU (Inductor's CPU compile of
-the encoder takes minutes); the rewrite and its counters are the same. The four that compile are `slow`.
+aot_eager (`samhq.inductor: False`) keeps each test to 7-13 s on a 2-core CPU, about 30 s on a busy one
+(Inductor's CPU compile of the encoder takes minutes); the rewrite and its counters are the same. The four that compile are `slow`.
 """
 
 from __future__ import annotations
