@@ -6,9 +6,21 @@ The backend (registered as an entry point, so no import is needed) finds every d
 rel-pos attention in the Dynamo graph, replaces it with `torch.ops.samhq.rel_pos_attention`
 (Triton forward and backward on CUDA, a memory-bounded reference elsewhere) and hands the graph
 to Inductor. `samhq_fx.rel_pos_attention` is the same op as a plain function.
+
+    model = samhq_fx.compile_encoder(model)   # a SamModel / SamHQModel: only its vision encoder, in place
+    Trainer(model=model, args=..., callbacks=[samhq_fx.SamHQCompileCallback()])   # the same, in HF Trainer
 """
 
+from .compile import compile_encoder
 from .op import rel_pos_attention
 
 __version__ = "0.1.0"
-__all__ = ["rel_pos_attention", "__version__"]
+__all__ = ["SamHQCompileCallback", "compile_encoder", "rel_pos_attention", "__version__"]
+
+
+def __getattr__(name):
+    if name == "SamHQCompileCallback":  # imports transformers: only when asked for
+        from .hf_trainer import SamHQCompileCallback
+
+        return SamHQCompileCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
