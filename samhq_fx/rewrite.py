@@ -21,6 +21,7 @@ from torch.fx import Graph, Node
 
 from . import op  # registers torch.ops.samhq.*
 from .patterns.fx_utils import is_static, shape, value
+from .patterns.rel_einsum import einsum_source, expand_order, reduction_of
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
 
@@ -110,9 +111,39 @@ def _zeros_along(em: _Emitter, like: Node, size: int) -> Node:
     return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), -1, -1, size))
 
 
+def _einsum_as_reduction(graph: Graph, term: RelTerm, fake_mode) -> bool:
+    """Re-emit the einsum that makes `term` as a product and a sum (patterns/rel_einsum.py says why): the
+    term then comes out in the fused op's layout, with no copy and no GEMM. False if it has another form."""
+    src = einsum_source(term.node)
+    red = reduction_of(src) if src is not None else None
+    if red is None:
+        return False
+    em = _Emitter(graph, src, fake_mode)
+    full = red.out_labels + red.summed
+    dtype = value(src).dtype
+    acc = torch.promote_types(torch.promote_types(value(red.a).dtype, value(red.b).dtype), torch.float32)
+    factors = []
+    for node, labels in ((red.a, red.a_labels), (red.b, red.b_labels)):
+        perm, missing = expand_order(labels, full)
+        x = em.method("permute", node, *perm) if perm != sorted(perm) else node
+        for pos in missing:
+            x = em.method("unsqueeze", x, pos)
+        factors.append(em.method("to", x, acc))
+    prod = em.function(operator.mul, *factors)
+    out = em.method("to", em.method("sum", prod, -1), dtype)
+    src.replace_all_uses_with(out)
+    graph.erase_node(src)
+    return True
+
+
 def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default) -> Node:
     """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node."""
     fake_mode = value(m.q).fake_mode
+    for term in m.rel_h + m.rel_w:
+        src = einsum_source(term.node)
+        if _einsum_as_reduction(graph, term, fake_mode):
+            m.nodes.discard(src)
+            counters["samhq"]["rel_einsums"] += 1
     em = _Emitter(graph, m.output, fake_mode)
     q, k, v = (_to_3d(em, n) for n in (m.q, m.k, m.v))
     rel_h, rel_w = _sum_terms(em, m.rel_h), _sum_terms(em, m.rel_w)
