@@ -89,6 +89,19 @@ def walls(call, iters: int) -> list[float]:
     return out
 
 
+def issue_times(call, iters: int) -> list[float]:
+    """Host time to issue one call: from an idle GPU to the call's return, with no sync after it (the GPU runs
+    behind; for a host-bound call this is its wall time, for a GPU-bound one the host's share)."""
+    out = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - t) * 1e3)
+    torch.cuda.synchronize()
+    return out
+
+
 def gpu_profile(call, calls: int = 3) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -248,13 +261,14 @@ def main():
         for _ in range(3):
             call()
         w = walls(call, args.iters)
-        row = {"wall_ms": statistics.median(w), "compile_s": compile_s, "fused": counters["samhq"]["fused"],
+        row = {"wall_ms": statistics.median(w), "issue_ms": statistics.median(issue_times(call, args.iters)),
+               "compile_s": compile_s, "fused": counters["samhq"]["fused"],
                "graph_breaks": sum(counters["graph_break"].values())}
         row.update(gpu_profile(call))
         row["host_ms"] = row["wall_ms"] - row["gpu_ms"]
         row["python"] = py_profile(call, args.iters)
         result["builds"][name] = row
-        print(f"{name:16s} wall {row['wall_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy "
+        print(f"{name:16s} wall {row['wall_ms']:7.2f} ms  issue {row['issue_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy "
               f"{100 * row['gpu_busy']:4.0f}%  launches {row['launches']:6.0f}  fused {row['fused']}", flush=True)
         if args.pieces and name == "samhq":
             result["pieces"] = op_pieces(enc, args.batch, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
