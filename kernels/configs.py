@@ -194,6 +194,21 @@ def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
     return wk_pad, r
 
 
+def split(d: int) -> tuple[int, int]:
+    """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
+    least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
+    second, smaller chunk where that is less than the next power of two (80 = 64 + 16, 96 = 64 + 32,
+    48 = 32 + 16: no dots, registers or shared memory spent on padding); otherwise padded to one chunk
+    (112 -> 128, 24 -> 32)."""
+    full = max(16, triton.next_power_of_2(d))
+    a = full // 2
+    if a >= 16 and d > a:
+        b = max(16, triton.next_power_of_2(d - a))
+        if a + b < full:
+            return a, b
+    return full, 0
+
+
 def pad(d: int) -> int:
     """Head dim as the kernels see it: a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, triton.next_power_of_2(d))

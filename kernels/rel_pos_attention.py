@@ -115,6 +115,12 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
 _tile, _pad = configs.tile, configs.pad
 
 
+def _chunks(d: int, dv: int) -> dict:
+    """The kernels' head-dim constexprs: D and DV each as one or two power-of-two chunks (configs.split)."""
+    (d_a, d_b), (dv_a, dv_b) = configs.split(d), configs.split(dv)
+    return dict(D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b)
+
+
 def _launch_options(cfg: dict) -> dict:
     """Triton launch options of a config: warps, stages, and a register cap where the row sets MAXNREG (a cap
     lets ptxas fit one more CTA per SM; only a direct launch takes it: wrap_triton traced by Inductor passes
@@ -245,7 +251,7 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
         *rel_h.stride(), *rel_w.stride(), *out.stride(),
         lse.stride(0),
         n_q, scale * 1.4426950408889634,
-        HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, D_PAD=_pad(d), DV_PAD=_pad(dv),
+        HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, **_chunks(d, dv),
         BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), KMAJOR=kmajor,
         RH_SELECT=cfg.get("RH_SELECT", False), **_launch_options(cfg),
     )
