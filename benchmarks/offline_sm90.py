@@ -49,7 +49,7 @@ _KMAJOR_STRIDES = {"sqt_d", "sdot_d", "skt_d", "svt_d"}
 def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
     """Compile forward.py's or backward.py's kernel for sm_90 with SAM-B constexprs updated by `overrides`."""
     fn = kb._bwd_kernel if kernel == "bwd" else kf._fwd_kernel
-    const = dict(HK=64, WK=64, D=64, DV=64, WK_PAD=64, D_PAD=64, DV_PAD=64, D_A=64, D_B=0, DV_A=64, DV_B=0,
+    const = dict(HK=64, WK=64, D=64, DV=64, WK_PAD=64, D_A=64, D_B=0, DV_A=64, DV_B=0,
                  PREC="none" if dtype == "bf16" else "tf32",
                  KMAJOR=dtype == "fp32", PART=part, R_KV=1, BLOCK_M_KV=64 if dtype == "bf16" else 32,
                  RH_SELECT_KV=False, BIAS_T=True, R_Q=1, BLOCK_M_Q=64, RH_SELECT_Q=False, R=1, BLOCK_M=64,

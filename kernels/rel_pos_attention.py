@@ -324,7 +324,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             *dq.stride(), *dk.stride(), *dv.stride(), *drh.stride(), *drw.stride(),
             qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1),
             n_q, scale * 1.4426950408889634, scale,
-            HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, D_PAD=d_pad, DV_PAD=dv_pad, PREC=prec, KMAJOR=kmajor,
+            HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, **_chunks(d, dv_), PREC=prec, KMAJOR=kmajor,
             PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
             BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
             **_launch_options(cfg),
