@@ -86,7 +86,7 @@ DQ_GLUON = False
 DQ_TMA = False
 DKDV_TMA = False
 
-_MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
+_MAX_HEAD_DIM = 128  # head dims beyond this (D_A + D_B, DV_A + DV_B) would blow the register budget
 _MAX_WK = 128  # one key-grid row must fit in one key tile
 
 
@@ -107,9 +107,12 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int) -> dict:
-    """Block config of one kernel for this shape class (the table in configs.py); rows = batch * queries."""
-    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=max(d_pad, dv_pad) > 64, wk=wk,
-                          rows=rows, interpret=_INTERPRET)
+    """Block config of one kernel for this shape class (the table in configs.py); rows = batch * queries,
+    d_pad / dv_pad the head dims as the kernels see them (configs.pad: 80 = 64 + 16 stays 80). 80 runs the
+    head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
+    d = max(d_pad, dv_pad)
+    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > 80, d=d, wk=wk, rows=rows,
+                          interpret=_INTERPRET)
 
 
 _tile, _pad = configs.tile, configs.pad
@@ -148,9 +151,9 @@ BIAS_COPIES_16BIT = True
 def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
     # not for key grids <= 8 wide: at 7x7 the copies cost more than they save (fwd + bwd 1.5x slower,
     # 7x7x64 on the H200), those tiles being mostly padding and the call mostly launch time. Not for
-    # head dims padded above 64 either: the extra tiles do not fit shared memory beside the wide configs
+    # head dims above 80 (64 + 16) either: the extra tiles do not fit shared memory beside the wide configs
     # (and those were measured without them).
-    return KMAJOR_FP32 and dtype == torch.float32 and wk > 8 and (d_pad <= 64 or _INTERPRET)
+    return KMAJOR_FP32 and dtype == torch.float32 and wk > 8 and (d_pad <= 80 or _INTERPRET)
 
 
 def _keys_kmajor(x, hk: int, wk: int, wk_pad: int, r: int):
