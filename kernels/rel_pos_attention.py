@@ -43,6 +43,10 @@ bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA i
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
 the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, session 3).
 
+Head dims: each of D and DV is one power-of-two chunk or two (configs.split: 80 = 64 + 16, 96 = 64 + 32), each
+dot over a head dim one dot per chunk and each head-dim accumulator one per chunk, so ViT-H's 80 costs 80
+columns of work, registers and shared memory, not 128.
+
 Operand layout (fp32): TF32 tensor-core products read both operands K-major, so the host passes V, K, Q,
 dout (and the dK/dV bias) a second time, transposed and zero-padded to whole tiles (`_keys_kmajor`,
 `_queries_kmajor`): every tile then arrives as 16-byte vectors. Without them Triton filled shared memory
