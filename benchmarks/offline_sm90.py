@@ -4,12 +4,14 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, 
 
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
     python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
+    python benchmarks/offline_sm90.py fwd bf16 - '{"D": 80, "DV": 80, "D_B": 16, "DV_B": 16}'
     python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
-(HK, WK, WK_PAD, R / R_KV / R_Q, BLOCK_M / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means
-TF32 dots, "PREC": "tf32x3" for "highest"). Registers and shared memory have matched ncu on the H200 every time
-they were compared (sessions 6 and 10). What this cannot show is time: it reads the schedule, not the clock.
+(HK, WK, WK_PAD, D / DV with their chunks D_A, D_B, DV_A, DV_B as configs.split gives them, R / R_KV / R_Q, BLOCK_M
+/ BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means TF32 dots, "PREC": "tf32x3" for "highest").
+Registers and shared memory have matched ncu on the H200 every time they were compared (sessions 6 and 10). What
+this cannot show is time: it reads the schedule, not the clock.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ _KMAJOR_STRIDES = {"sqt_d", "sdot_d", "skt_d", "svt_d"}
 def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
     """Compile forward.py's or backward.py's kernel for sm_90 with SAM-B constexprs updated by `overrides`."""
     fn = kb._bwd_kernel if kernel == "bwd" else kf._fwd_kernel
-    const = dict(HK=64, WK=64, D=64, DV=64, WK_PAD=64, D_PAD=64, DV_PAD=64, PREC="none" if dtype == "bf16" else "tf32",
+    const = dict(HK=64, WK=64, D=64, DV=64, WK_PAD=64, D_A=64, D_B=0, DV_A=64, DV_B=0,
+                 PREC="none" if dtype == "bf16" else "tf32",
                  KMAJOR=dtype == "fp32", PART=part, R_KV=1, BLOCK_M_KV=64 if dtype == "bf16" else 32,
                  RH_SELECT_KV=False, BIAS_T=True, R_Q=1, BLOCK_M_Q=64, RH_SELECT_Q=False, R=1, BLOCK_M=64,
                  RH_SELECT=False)

@@ -34,8 +34,8 @@ def _dkdv_program(
     sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, BIAS_T: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
+    DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, BIAS_T: tl.constexpr,
     RH_SELECT: tl.constexpr, DELTA_INLINE: tl.constexpr,
 ):
     # Owns key tile pid_t (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
@@ -43,8 +43,12 @@ def _dkdv_program(
     BLOCK_N: tl.constexpr = R * WK_PAD
     kh0 = pid_t * R
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    offs_dv = tl.arange(0, DV_PAD)
+    offs_d = tl.arange(0, D_A)
+    offs_dv = tl.arange(0, DV_A)
+    if D_B > 0:
+        offs_d_b = D_A + tl.arange(0, D_B)
+    if DV_B > 0:
+        offs_dv_b = DV_A + tl.arange(0, DV_B)
     row = offs_n // WK_PAD
     col = _col(offs_n, WK_PAD, R)
     kh = kh0 + row
@@ -52,27 +56,45 @@ def _dkdv_program(
     n_ok = col_ok & (kh < HK)
     j = kh * WK + col
 
-    # k: [BLOCK_N, D_PAD], v: [BLOCK_N, DV_PAD], resident for the whole query loop
+    # k: [BLOCK_N, D_A], v: [BLOCK_N, DV_A] (+ the D_B / DV_B chunks), resident for the whole query loop
     k = tl.load(K + b * sk_b + j[:, None] * sk_n + offs_d[None, :] * sk_d,
                 mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
                 mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    dk = tl.zeros([BLOCK_N, D_PAD], tl.float32)
-    dv = tl.zeros([BLOCK_N, DV_PAD], tl.float32)
+    dk = tl.zeros([BLOCK_N, D_A], tl.float32)
+    dv = tl.zeros([BLOCK_N, DV_A], tl.float32)
+    if D_B > 0:
+        k_b = tl.load(K + b * sk_b + j[:, None] * sk_n + offs_d_b[None, :] * sk_d,
+                      mask=n_ok[:, None] & (offs_d_b[None, :] < D), other=0.0)
+        dk_b = tl.zeros([BLOCK_N, D_B], tl.float32)
+    if DV_B > 0:
+        v_b = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv_b[None, :] * sv_d,
+                      mask=n_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
+        dv_b = tl.zeros([BLOCK_N, DV_B], tl.float32)
 
     for m0 in range(0, N_Q, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         m_ok = offs_m < N_Q
-        # qT: [D_PAD, BLOCK_M], do: [BLOCK_M, DV_PAD]
+        # qT: [D_A, BLOCK_M], do: [BLOCK_M, DV_A] (+ the D_B / DV_B chunks)
         qT = tl.load(Q + b * sq_b + offs_m[None, :] * sq_n + offs_d[:, None] * sq_d,
                      mask=m_ok[None, :] & (offs_d[:, None] < D), other=0.0)
         do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
                      mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        if D_B > 0:
+            qT_b = tl.load(Q + b * sq_b + offs_m[None, :] * sq_n + offs_d_b[:, None] * sq_d,
+                           mask=m_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
+        if DV_B > 0:
+            do_b = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv_b[None, :] * sdo_d,
+                           mask=m_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
         lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
         if DELTA_INLINE:  # fused launch: the dQ programs that store delta run beside this one
             o = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
                         mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+            if DV_B > 0:
+                o_b = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv_b[None, :] * so_d,
+                              mask=m_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
+                delta += tl.sum(o_b.to(tl.float32) * do_b.to(tl.float32), 1)
         else:
             delta = tl.load(DELTA + b * sdl_b + offs_m, mask=m_ok, other=0.0)
         # bias^T: [BLOCK_N, BLOCK_M]. BIAS_T: rel_h / rel_w are copies with queries contiguous and padded
@@ -100,25 +122,43 @@ def _dkdv_program(
             biasT += rh.to(tl.float32)
 
         qkT = _dot(k, qT, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
+        if D_B > 0:
+            qkT = _dot(k_b, qT_b, qkT, PREC)
         pT = tl.math.exp2(qkT * qk_scale + biasT * _LOG2E - lse[None, :])
         pT = tl.where(n_ok[:, None] & m_ok[None, :], pT, 0.0)
         if KMAJOR:  # fp32: the B operands of dV and dK from copies with queries contiguous
             dv = _dot(pT, _load_kmajor(DOT, b, sdot_b, sdot_d, offs_m, offs_dv, DV), dv, PREC)
+            if DV_B > 0:
+                dv_b = _dot(pT, _load_kmajor(DOT, b, sdot_b, sdot_d, offs_m, offs_dv_b, DV), dv_b, PREC)
         else:
             dv = _dot(pT.to(do.dtype), do, dv, PREC)
+            if DV_B > 0:
+                dv_b = _dot(pT.to(do_b.dtype), do_b, dv_b, PREC)
         # dpT = v @ do^T: [BLOCK_N, BLOCK_M]
         dpT = _dot(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), PREC)
+        if DV_B > 0:
+            dpT = _dot(v_b, tl.trans(do_b), dpT, PREC)
         dsT = pT * (dpT - delta[None, :])
         if KMAJOR:
             dk = _dot(dsT, _load_kmajor(QT, b, sqt_b, sqt_d, offs_m, offs_d, D), dk, PREC)
+            if D_B > 0:
+                dk_b = _dot(dsT, _load_kmajor(QT, b, sqt_b, sqt_d, offs_m, offs_d_b, D), dk_b, PREC)
         else:
             dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, PREC)
+            if D_B > 0:
+                dk_b = _dot(dsT.to(qT_b.dtype), tl.trans(qT_b), dk_b, PREC)
 
     dk = dk * scale
     tl.store(DK + b * sdk_b + j[:, None] * sdk_n + offs_d[None, :] * sdk_d, dk.to(DK.dtype.element_ty),
              mask=n_ok[:, None] & (offs_d[None, :] < D))
     tl.store(DV_ + b * sdv_b + j[:, None] * sdv_n + offs_dv[None, :] * sdv_d, dv.to(DV_.dtype.element_ty),
              mask=n_ok[:, None] & (offs_dv[None, :] < DV))
+    if D_B > 0:
+        tl.store(DK + b * sdk_b + j[:, None] * sdk_n + offs_d_b[None, :] * sdk_d,
+                 (dk_b * scale).to(DK.dtype.element_ty), mask=n_ok[:, None] & (offs_d_b[None, :] < D))
+    if DV_B > 0:
+        tl.store(DV_ + b * sdv_b + j[:, None] * sdv_n + offs_dv_b[None, :] * sdv_d,
+                 dv_b.to(DV_.dtype.element_ty), mask=n_ok[:, None] & (offs_dv_b[None, :] < DV))
 
 
 @triton.jit
@@ -131,8 +171,8 @@ def _dq_program(
     sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
+    DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr,
     STORE_DELTA: tl.constexpr,
 ):
     # Owns query block pid_m, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
@@ -140,15 +180,19 @@ def _dq_program(
     BLOCK_N: tl.constexpr = R * WK_PAD
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    offs_dv = tl.arange(0, DV_PAD)
+    offs_d = tl.arange(0, D_A)
+    offs_dv = tl.arange(0, DV_A)
+    if D_B > 0:
+        offs_d_b = D_A + tl.arange(0, D_B)
+    if DV_B > 0:
+        offs_dv_b = DV_A + tl.arange(0, DV_B)
     offs_w = tl.arange(0, WK_PAD)
     row = offs_n // WK_PAD
     col = _col(offs_n, WK_PAD, R)
     m_ok = offs_m < N_Q
     col_ok = _col_ok(col, WK, WK_PAD)
 
-    # q: [BLOCK_M, D_PAD], do, o: [BLOCK_M, DV_PAD]
+    # q: [BLOCK_M, D_A], do, o: [BLOCK_M, DV_A] (+ the D_B / DV_B chunks)
     q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
                 mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
@@ -156,6 +200,15 @@ def _dq_program(
     o = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
                 mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if D_B > 0:
+        q_b = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d_b[None, :] * sq_d,
+                      mask=m_ok[:, None] & (offs_d_b[None, :] < D), other=0.0)
+    if DV_B > 0:
+        do_b = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv_b[None, :] * sdo_d,
+                       mask=m_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
+        o_b = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv_b[None, :] * so_d,
+                      mask=m_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
+        delta += tl.sum(o_b.to(tl.float32) * do_b.to(tl.float32), 1)
     if STORE_DELTA:  # for the dK/dV launch that follows
         tl.store(DELTA + b * sdl_b + offs_m, delta, mask=m_ok)
     lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
@@ -163,7 +216,9 @@ def _dq_program(
     rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
                  mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
 
-    dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    dq = tl.zeros([BLOCK_M, D_A], tl.float32)
+    if D_B > 0:
+        dq_b = tl.zeros([BLOCK_M, D_B], tl.float32)
     if R == 1:
         drw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     else:
@@ -176,22 +231,34 @@ def _dq_program(
         kh = kh0 + row
         n_ok = col_ok & (kh < HK)
         j = kh * WK + col
-        # kT: [D_PAD, BLOCK_N], vT: [DV_PAD, BLOCK_N]
+        # kT: [D_A, BLOCK_N], vT: [DV_A, BLOCK_N] (+ the D_B / DV_B chunks)
         kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
                      mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
         vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
                      mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        if D_B > 0:
+            kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
+                           mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
+            qk = _dot(q_b, kT_b, qk, PREC)
         s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
                                     HK, R, RH_SELECT)
         p = tl.math.exp2(s)
         p = tl.where(n_ok[None, :], p, 0.0)
         dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        if DV_B > 0:
+            vT_b = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv_b[:, None] * sv_d,
+                           mask=n_ok[None, :] & (offs_dv_b[:, None] < DV), other=0.0)
+            dp = _dot(do_b, vT_b, dp, PREC)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32; 0 on masked keys
         if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous
             dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d, D), dq, PREC)
+            if D_B > 0:
+                dq_b = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d_b, D), dq_b, PREC)
         else:
             dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
+            if D_B > 0:
+                dq_b = _dot(ds.to(kT_b.dtype), tl.trans(kT_b), dq_b, PREC)
         if R == 1:
             # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
             tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
@@ -207,6 +274,9 @@ def _dq_program(
     dq = dq * scale
     tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d[None, :] * sdq_d, dq.to(DQ.dtype.element_ty),
              mask=m_ok[:, None] & (offs_d[None, :] < D))
+    if D_B > 0:
+        tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d_b[None, :] * sdq_d,
+                 (dq_b * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (offs_d_b[None, :] < D))
     if R == 1:
         tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col[None, :] * sdrw_k,
                  drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
@@ -227,12 +297,14 @@ def _bwd_kernel(
     sqt_b, sqt_d, sdot_b, sdot_d, skt_b, skt_d,  # K-major copies (KMAJOR only)
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    WK_PAD: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
+    WK_PAD: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr, DV_B: tl.constexpr,
+    PREC: tl.constexpr, KMAJOR: tl.constexpr,
     PART: tl.constexpr,  # "dq", "dkdv" or "both" (module docstring)
     R_KV: tl.constexpr, BLOCK_M_KV: tl.constexpr, RH_SELECT_KV: tl.constexpr, BIAS_T: tl.constexpr,
     R_Q: tl.constexpr, BLOCK_M_Q: tl.constexpr, RH_SELECT_Q: tl.constexpr,
 ):
     # q, k: [B, N, D]  v, do, out: [B, N, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]  lse, delta: [B, N_Q]
+    # Head dims in power-of-two chunks as in the forward (D_A + D_B, DV_A + DV_B; D_B == 0: one chunk)
     # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
     # pin them to fp32 so the scores, P and the accumulators stay fp32.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -257,7 +329,7 @@ def _bwd_kernel(
             sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
             sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
             N_Q, qk_scale, scale,
-            HK, WK, D, DV, WK_PAD, R_KV, D_PAD, DV_PAD, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
+            HK, WK, D, DV, WK_PAD, R_KV, D_A, D_B, DV_A, DV_B, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
             PART == "both",
         )
     else:
@@ -268,6 +340,6 @@ def _bwd_kernel(
             sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
             sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
             N_Q, qk_scale, scale,
-            HK, WK, D, DV, WK_PAD, R_Q, D_PAD, DV_PAD, BLOCK_M_Q, PREC, KMAJOR, RH_SELECT_Q,
+            HK, WK, D, DV, WK_PAD, R_Q, D_A, D_B, DV_A, DV_B, BLOCK_M_Q, PREC, KMAJOR, RH_SELECT_Q,
             PART == "dq",
         )

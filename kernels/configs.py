@@ -7,7 +7,9 @@ How a config is found (`config()`): every row whose conditions hold updates the 
 so a row lower down refines the rows above it. Conditions a row may name:
     fp32      bool   fp32 inputs (False: fp16 / bf16)
     prec      str    dot precision: "none" (16-bit), "tf32" ("high", "medium"), "tf32x3" ("highest")
-    wide      bool   head dim padded above 64 (ViT-H's 80 -> 128)
+    wide      bool   head dim as the kernels see it (pad()) above 80: 96 = 64 + 32, and 112 and 128 run as 128
+    min_d     int    head dim as the kernels see it at least this (ViT-H's 80 = 64 + 16 runs the rows for 64
+                     and the min_d=65 rows below them)
     max_wk    int    key grids at most this wide
     min_wk    int    key grids at least this wide
     max_rows  int    at most this many query rows in all (batch * heads * queries)
@@ -127,9 +129,23 @@ TABLE = [
      "the fused launch's stages (rows above)"),
     ("dkdv", dict(fp32=True, max_wk=16, max_rows=8192), dict(num_stages=3),
      "the fused launch's stages (rows above)"),
-    # ---- head dim padded above 64 (ViT-H: 80 -> 128) -------------------------------------------------
+    # ---- head dim 80 (ViT-H: 64 + 16, split()): the rows above, refined where a fifth more per tile costs a CTA
+    # per SM or does not fit 227 KB of shared memory (offline_sm90 for sm_90 at SAM-H's global layer, 16 x 64x64, and
+    # windows, 400 x 14x14; not timed on the GPU). Not where a fused launch's warps / stages must agree (wk <= 16)
+    ("fwd", dict(fp32=False, min_d=65, min_wk=17), dict(num_stages=3),
+     "bf16 D=80 global: 3 CTAs per SM (166 registers, 70 KB) as D=64 has at 4 stages; 4 stages: 2 (90 KB)"),
+    ("fwd", dict(fp32=True, min_d=65), dict(num_stages=2),
+     "fp32 D=80 global: 2 CTAs per SM (249 registers, 100 KB) as D=64 has at 3 stages; 3 stages: 1 (140 KB)"),
+    ("dq", dict(fp32=True, min_d=65, min_wk=17), dict(num_stages=2),
+     "fp32 'high' D=80 global: 200 KB, 1 CTA per SM as D=64 has at 3 stages; 3 stages: 260 KB, over 227"),
+    ("dq", dict(prec="tf32x3", min_d=65, min_wk=17), dict(BLOCK_M=64, num_warps=4),
+     "fp32 'highest' D=80 global: 172 KB, 1 CTA per SM; 128 queries / 8 warps at 2 stages: 252 KB, over 227"),
+    ("dkdv", dict(fp32=True, min_d=65), dict(BLOCK_M=16),
+     "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM as D=64 has at 32 (global 84 KB, windows 88 KB); "
+     "32: 1 CTA (128 KB, 136 KB)"),
+    # ---- head dim above 80 (96 = 64 + 32; 112 and 128 run as 128) ------------------------------------
     # replaces the rows above; fp32 tiles twice as wide must fit 227 KB of shared memory (the fp32 D=80
-    # forward at 128 x 64 x 3 stages would want 320 KB)
+    # forward padded to 128 at 128 x 64 x 3 stages would want 320 KB)
     ("fwd", dict(wide=True, fp32=False), dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, RH_SELECT=False),
      "validated on the H200 for D=80 (session 2)"),
     ("dkdv", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
@@ -169,13 +185,14 @@ def _holds(cond: dict, facts: dict) -> bool:
     return True
 
 
-def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool) -> dict:
-    """The block config of one kernel for one shape class (see the module docstring)."""
-    facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret)
+def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool,
+           d: int = 64) -> dict:
+    """The block config of one kernel for one shape class (see the module docstring); d = pad(head dim)."""
+    facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d)
     cfg: dict = {}
     for name, cond, row, _why in TABLE:
         if name == kernel and _holds(cond, facts):
-            # rows without `wide` are for head dims <= 64 only; rows without `interpret` for the GPU only
+            # rows without `wide` are for head dims up to 80 (64 + 16) only; rows without `interpret` for the GPU only
             if wide and "wide" not in cond and not interpret:
                 continue
             if not interpret or "interpret" in cond:
@@ -194,6 +211,21 @@ def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
     return wk_pad, r
 
 
+def split(d: int) -> tuple[int, int]:
+    """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
+    least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
+    second, smaller chunk where that is less than the next power of two (80 = 64 + 16, 96 = 64 + 32,
+    48 = 32 + 16: no dots, registers or shared memory spent on padding); otherwise padded to one chunk
+    (112 -> 128, 24 -> 32)."""
+    full = max(16, triton.next_power_of_2(d))
+    a = full // 2
+    if a >= 16 and d > a:
+        b = max(16, triton.next_power_of_2(d - a))
+        if a + b < full:
+            return a, b
+    return full, 0
+
+
 def pad(d: int) -> int:
-    """Head dim as the kernels see it: a power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(d))
+    """Head dim as the kernels see it: D_A + D_B of split(d) (80 stays 80, 112 -> 128), at least 16."""
+    return sum(split(d))

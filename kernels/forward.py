@@ -21,11 +21,14 @@ def _fwd_kernel(
     slse_b,
     N_Q, qk_scale,  # qk_scale = scale * log2(e): scores live in the log2 domain
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    WK_PAD: tl.constexpr, R: tl.constexpr, D_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr = False,
+    WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
+    DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
+    RH_SELECT: tl.constexpr = False,
 ):
     # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
     # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
+    # Head dims in power-of-two chunks (configs.split): d in [0, D_A) and, where D_B > 0, [D_A, D_A + D_B);
+    # likewise DV_A, DV_B. D_B == 0 / DV_B == 0 compiles the second chunk out.
     # KMAJOR (fp32 operands): P @ V reads V from vT, whose keys are contiguous (see _keys_kmajor)
     BLOCK_N: tl.constexpr = R * WK_PAD
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -37,16 +40,22 @@ def _fwd_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D_PAD)
-    offs_dv = tl.arange(0, DV_PAD)
+    offs_d = tl.arange(0, D_A)
+    offs_dv = tl.arange(0, DV_A)
     row = offs_n // WK_PAD  # grid row of key n inside the tile (0..R-1)
     col = _col(offs_n, WK_PAD, R)  # grid column of key n (same for every tile)
     m_ok = offs_m < N_Q
     col_ok = _col_ok(col, WK, WK_PAD)
 
-    # q: [BLOCK_M, D_PAD], stays in registers for the whole key loop
+    # q: [BLOCK_M, D_A] (+ [BLOCK_M, D_B]), stays in registers for the whole key loop
     q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
                 mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    if D_B > 0:
+        offs_d_b = D_A + tl.arange(0, D_B)
+        q_b = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d_b[None, :] * sq_d,
+                      mask=m_ok[:, None] & (offs_d_b[None, :] < D), other=0.0)
+    if DV_B > 0:
+        offs_dv_b = DV_A + tl.arange(0, DV_B)
     # rel_w bias: [BLOCK_M, BLOCK_N]; key tiles are whole grid rows, so it is the same for every tile
     rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
                  mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * LOG2E
@@ -59,7 +68,9 @@ def _fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_A], tl.float32)
+    if DV_B > 0:
+        acc_b = tl.zeros([BLOCK_M, DV_B], tl.float32)
     rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
     if R == 1:
         rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, 0, HK)
@@ -68,10 +79,14 @@ def _fwd_kernel(
         kh = kh0 + row
         n_ok = col_ok & (kh < HK)
         j = kh * WK + col  # key index in the flattened grid
-        # kT: [D_PAD, BLOCK_N]
+        # kT: [D_A, BLOCK_N] (+ [D_B, BLOCK_N])
         kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
                      mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
         qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+        if D_B > 0:
+            kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
+                           mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
+            qk = _dot(q_b, kT_b, qk, PREC)
         s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
                                     HK, R, RH_SELECT)
         if HK % R != 0:  # the last tile runs past the grid's last row: rows and columns masked here
@@ -85,18 +100,29 @@ def _fwd_kernel(
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        # v: [BLOCK_N, DV_PAD]
+        # v: [BLOCK_N, DV_A] (+ [BLOCK_N, DV_B])
         if KMAJOR:
             v = _load_kmajor(VT, b, svt_b, svt_d, kh0 * WK_PAD + offs_n, offs_dv, DV)
         else:
             v = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv[None, :] * sv_d,
                         mask=n_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         acc = _dot(p.to(v.dtype), v, acc, PREC)
+        if DV_B > 0:
+            acc_b = acc_b * alpha[:, None]
+            if KMAJOR:
+                v_b = _load_kmajor(VT, b, svt_b, svt_d, kh0 * WK_PAD + offs_n, offs_dv_b, DV)
+            else:
+                v_b = tl.load(V + b * sv_b + j[:, None] * sv_n + offs_dv_b[None, :] * sv_d,
+                              mask=n_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
+            acc_b = _dot(p.to(v_b.dtype), v_b, acc_b, PREC)
         m_i = m_new
 
     out = acc / l_i[:, None]
     tl.store(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
              out.to(O.dtype.element_ty), mask=m_ok[:, None] & (offs_dv[None, :] < DV))
+    if DV_B > 0:
+        tl.store(O + b * so_b + offs_m[:, None] * so_n + offs_dv_b[None, :] * so_d,
+                 (acc_b / l_i[:, None]).to(O.dtype.element_ty), mask=m_ok[:, None] & (offs_dv_b[None, :] < DV))
     # back to natural log
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     tl.store(LSE + b * slse_b + offs_m, lse, mask=m_ok)

@@ -40,6 +40,10 @@ bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA i
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
 the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, 2026-11-30).
 
+Head dims: each of D and DV is one power-of-two chunk or two (configs.split: 80 = 64 + 16, 96 = 64 + 32), each
+dot over a head dim one dot per chunk and each head-dim accumulator one per chunk, so ViT-H's 80 costs 80
+columns of work, registers and shared memory, not 128.
+
 Operand layout (fp32): TF32 tensor-core products read both operands K-major, so the host passes V, K, Q,
 dout (and the dK/dV bias) a second time, transposed and zero-padded to whole tiles (`_keys_kmajor`,
 `_queries_kmajor`): every tile then arrives as 16-byte vectors. Without them Triton filled shared memory
@@ -66,7 +70,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # a kernel fails to write shows up as NaN in the tests. Never set in production.
 _POISON_OUTPUTS = False
 
-_MAX_HEAD_DIM = 128  # D_PAD and DV_PAD beyond this would blow the register budget
+_MAX_HEAD_DIM = 128  # head dims beyond this (D_A + D_B, DV_A + DV_B) would blow the register budget
 _MAX_WK = 128  # one key-grid row must fit in one key tile
 
 
@@ -87,12 +91,21 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int) -> dict:
-    """Block config of one kernel for this shape class (the table in configs.py); rows = batch * queries."""
-    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=max(d_pad, dv_pad) > 64, wk=wk,
-                          rows=rows, interpret=_INTERPRET)
+    """Block config of one kernel for this shape class (the table in configs.py); rows = batch * queries,
+    d_pad / dv_pad the head dims as the kernels see them (configs.pad: 80 = 64 + 16 stays 80). 80 runs the
+    head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
+    d = max(d_pad, dv_pad)
+    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > 80, d=d, wk=wk, rows=rows,
+                          interpret=_INTERPRET)
 
 
 _tile, _pad = configs.tile, configs.pad
+
+
+def _chunks(d: int, dv: int) -> dict:
+    """The kernels' head-dim constexprs: D and DV each as one or two power-of-two chunks (configs.split)."""
+    (d_a, d_b), (dv_a, dv_b) = configs.split(d), configs.split(dv)
+    return dict(D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b)
 
 
 def _launch_options(cfg: dict) -> dict:
@@ -122,9 +135,9 @@ BIAS_COPIES_16BIT = True
 def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
     # not for key grids <= 8 wide: at 7x7 the copies cost more than they save (fwd + bwd 1.5x slower,
     # 7x7x64 on the H200), those tiles being mostly padding and the call mostly launch time. Not for
-    # head dims padded above 64 either: the extra tiles do not fit shared memory beside the wide configs
+    # head dims above 80 (64 + 16) either: the extra tiles do not fit shared memory beside the wide configs
     # (and those were measured without them).
-    return KMAJOR_FP32 and dtype == torch.float32 and wk > 8 and (d_pad <= 64 or _INTERPRET)
+    return KMAJOR_FP32 and dtype == torch.float32 and wk > 8 and (d_pad <= 80 or _INTERPRET)
 
 
 def _keys_kmajor(x, hk: int, wk: int, wk_pad: int, r: int):
@@ -215,7 +228,7 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
         *rel_h.stride(), *rel_w.stride(), *out.stride(),
         lse.stride(0),
         n_q, scale * 1.4426950408889634,
-        HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, D_PAD=_pad(d), DV_PAD=_pad(dv),
+        HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, **_chunks(d, dv),
         BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), KMAJOR=kmajor,
         RH_SELECT=cfg.get("RH_SELECT", False), **_launch_options(cfg),
     )
@@ -263,7 +276,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             *dq.stride(), *dk.stride(), *dv.stride(), *drh.stride(), *drw.stride(),
             qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1),
             n_q, scale * 1.4426950408889634, scale,
-            HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, D_PAD=d_pad, DV_PAD=dv_pad, PREC=prec, KMAJOR=kmajor,
+            HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, **_chunks(d, dv_), PREC=prec, KMAJOR=kmajor,
             PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
             BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
             **_launch_options(cfg),

@@ -66,8 +66,8 @@ def _col_ok(col, WK: tl.constexpr, WK_PAD: tl.constexpr):
 
 @triton.jit
 def _load_kmajor(XT, b, sxt_b, sxt_d, offs_s, offs_d, D: tl.constexpr):
-    # [len(offs_s), D_PAD] tile of x from its K-major copy xT: [B, D, S] (S contiguous, zero-padded so
-    # every offs_s is in bounds: no mask along S, so the loads stay 16-byte vectors)
+    # [len(offs_s), len(offs_d)] tile of x (one head-dim chunk) from its K-major copy xT: [B, D, S] (S contiguous,
+    # zero-padded so every offs_s is in bounds: no mask along S, so the loads stay 16-byte vectors)
     return tl.load(XT + b * sxt_b + offs_s[:, None] + offs_d[None, :] * sxt_d,
                    mask=(offs_d < D)[None, :], other=0.0)
 

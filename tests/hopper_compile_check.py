@@ -73,10 +73,12 @@ def compile_case(dtype, prec, grid, d) -> int:
 
 
 def main():
-    # narrow grid (several grid rows per key tile), wide grid (one row per tile), ViT-H head dim, and bf16 at
-    # SAM's global 64x64 grid (dK/dV with the transposed bias copies)
+    # narrow grid (several grid rows per key tile), wide grid (one row per tile), ViT-H head dim (80 = 64 + 16:
+    # two chunks) at its window and global grids, and bf16 at SAM's global 64x64 grid (dK/dV with the transposed
+    # bias copies)
     cases = [(torch.float32, "high", 7, 64), (torch.float32, "high", 32, 64), (torch.float32, "highest", 64, 64),
-             (torch.float32, "highest", 14, 64), (torch.bfloat16, "highest", 14, 80), (torch.bfloat16, "high", 64, 64)]
+             (torch.float32, "highest", 14, 64), (torch.bfloat16, "highest", 14, 80), (torch.bfloat16, "high", 64, 64),
+             (torch.bfloat16, "highest", 64, 80), (torch.float32, "highest", 64, 80)]
     for dtype, prec, grid, d in cases:
         n = compile_case(dtype, prec, grid, d)
         print(f"ok {dtype} {prec} grid={grid} d={d}: {n} kernels", flush=True)

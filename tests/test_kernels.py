@@ -141,6 +141,57 @@ def test_small_shapes(b, hk, wk, d, mode, matmul_precision):
     run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype), tol)
 
 
+def test_head_dim_chunks():
+    # head dims between powers of two run as two power-of-two chunks where that saves work over padding
+    split = K.configs.split
+    assert [split(d) for d in (16, 32, 64, 128)] == [(16, 0), (32, 0), (64, 0), (128, 0)]
+    assert [split(d) for d in (80, 72, 96, 48, 40)] == [(64, 16), (64, 16), (64, 32), (32, 16), (32, 16)]
+    assert [split(d) for d in (1, 24, 100, 112)] == [(16, 0), (32, 0), (128, 0), (128, 0)]  # padded
+    assert [K.configs.pad(d) for d in (80, 96, 112)] == [80, 96, 128]
+
+
+# (batch, grid hk x wk, head dim, value dim, mode): head dims as two chunks (80 = 64 + 16, 48 = 32 + 16,
+# 96 = 64 + 32) in q / k, v or both, on R > 1 key tiles (3x7, 7x7) and R == 1 ones (5x9, 4x20); fp32 on grids
+# wider than 8 with the K-major copies, whose tiles are split the same way
+SPLIT = [
+    (2, 3, 7, 80, 80, "bf16"),
+    (1, 5, 9, 80, 80, "bf16"),
+    (1, 4, 20, 80, 80, "fp32-high"),
+    (1, 3, 7, 80, 80, "fp32-highest"),
+    (1, 3, 7, 48, 96, "fp32-highest"),
+    (1, 5, 9, 96, 48, "bf16"),
+    (1, 5, 9, 80, 64, "fp32-highest"),
+    (1, 3, 7, 64, 80, "bf16"),
+]
+
+
+@pytest.mark.parametrize("b,hk,wk,d,dv,mode", SPLIT)
+def test_split_head_dims(b, hk, wk, d, dv, mode, monkeypatch, matmul_precision):
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    launches = []
+    real = torch.library.wrap_triton
+    monkeypatch.setattr(torch.library, "wrap_triton", lambda kern: _Record(real(kern), launches))
+    run_and_check(*make_inputs(b, hk * wk, hk, wk, d, dv, dtype, seed=d + dv + wk), tol)
+    assert len(launches) == 3  # forward, dQ, dK/dV
+    for kw in launches:
+        assert (kw["D_A"], kw["D_B"], kw["DV_A"], kw["DV_B"]) == (*K.configs.split(d), *K.configs.split(dv))
+
+
+class _Record:
+    """A wrap_triton launcher that also records each launch's keyword arguments (the constexprs)."""
+
+    def __init__(self, launcher, log):
+        self.launcher, self.log = launcher, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(kwargs)
+            return self.launcher[grid](*args, **kwargs)
+
+        return launch
+
+
 @pytest.mark.parametrize("grid", [(3, 7), (5, 9)])  # R > 1 and R == 1 key tiles
 def test_nonfinite_rows_are_nan_as_in_eager(grid, matmul_precision):
     # An inf score, a fully masked query (-inf bias) or a NaN input: NaN exactly where eager has NaN,
@@ -235,6 +286,7 @@ FUSED = [
     (2, 3, 7, 64, "bf16", 32),
     (1, 2, 20, 32, "bf16", 32),
     (1, 5, 9, 80, "fp16", 16),
+    (1, 5, 12, 80, "fp32-high", 32),
 ]
 
 
@@ -314,6 +366,20 @@ def test_gpu_sam_shapes(b, grid, d, mode, matmul_precision):
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=d + grid), tol)
 
 
+# head dims as two chunks (configs.split) at SAM's layers and on a mid-size grid, with q / k and v dims apart
+SPLIT_GPU = [(16, 64, 80, 80), (400, 14, 80, 80), (12, 32, 48, 48), (12, 32, 96, 96), (12, 32, 80, 64),
+             (24, 14, 64, 80), (12, 48, 72, 40)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "fp32-high", "fp32-highest"])
+@pytest.mark.parametrize("b,grid,d,dv", SPLIT_GPU)
+def test_gpu_split_head_dims(b, grid, d, dv, mode, matmul_precision):
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    run_and_check(*make_inputs(b, grid * grid, grid, grid, d, dv, dtype, seed=d + dv + grid), tol)
+
+
 @pytest.mark.gpu
 def test_gpu_odd_shapes(matmul_precision):
     matmul_precision("high")
@@ -324,7 +390,8 @@ def test_gpu_odd_shapes(matmul_precision):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["bf16", "fp32-high"])
-@pytest.mark.parametrize("b,grid,d", [(12, 64, 64), (24, 14, 80), (96, 14, 64)])  # split, split, fused launch
+# split launches but for (96, 14, 64): one fused launch
+@pytest.mark.parametrize("b,grid,d", [(12, 64, 64), (24, 14, 80), (96, 14, 64), (16, 64, 80)])
 def test_gpu_backward_deterministic(b, grid, d, mode, matmul_precision):
     dtype, prec, _ = MODES[mode]
     matmul_precision(prec)
