@@ -20,6 +20,7 @@ fp32 numbers) are instead compared against RMS 1, the magnitude of the terms tha
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -311,13 +312,13 @@ def test_fused_backward_rows_agree_on_warps_and_stages(fp32, prec):
     # otherwise, so a table row that asks for FUSED where they differ would never take effect
     configs = K.configs
     fused = 0
-    for wk in (7, 14, 16, 28, 32, 48, 56, 64):
-        for rows in (49, 2_352, 8_192, 37_632, 196_608):
-            facts = dict(fp32=fp32, prec=prec, wide=False, wk=wk, rows=rows, interpret=False)
-            if configs.config("bwd", **facts).get("FUSED"):
-                fused += 1
-                kv, q = configs.config("dkdv", **facts), configs.config("dq", **facts)
-                assert (kv["num_warps"], kv["num_stages"]) == (q["num_warps"], q["num_stages"]), (wk, rows, kv, q)
+    for wk, rows, d in itertools.product((7, 14, 16, 28, 32, 48, 56, 64), (49, 2_352, 8_192, 37_632, 196_608),
+                                         (64, 80)):  # 80: the head-dim-64 rows and its own (min_d)
+        facts = dict(fp32=fp32, prec=prec, wide=False, wk=wk, rows=rows, interpret=False, d=d)
+        if configs.config("bwd", **facts).get("FUSED"):
+            fused += 1
+            kv, q = configs.config("dkdv", **facts), configs.config("dq", **facts)
+            assert (kv["num_warps"], kv["num_stages"]) == (q["num_warps"], q["num_stages"]), (wk, rows, d, kv, q)
     assert fused  # the table does fuse somewhere
 
 
