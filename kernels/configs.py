@@ -32,6 +32,8 @@ Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (ben
 
 from __future__ import annotations
 
+import os
+
 import triton
 
 # (kernel, conditions, config, the measurement behind it)
@@ -211,6 +213,13 @@ def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
     return wk_pad, r
 
 
+# Head dims between powers of two in two chunks (split below): off until timed on a GPU (correct against float64
+# under the interpreter and compiled for sm_90 in CI); SAMHQ_FX_SPLIT_HEAD_DIM=1 turns it on. Off, such a head
+# dim is padded to the next power of two, as measured (ViT-H's 80 -> 128: 2.0x the head-dim-64 time of its global
+# layer, bf16, on the H200; benchmarks/NOTES.md, kernels).
+SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "") == "1"
+
+
 def split(d: int) -> tuple[int, int]:
     """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
     least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
@@ -219,7 +228,7 @@ def split(d: int) -> tuple[int, int]:
     (112 -> 128, 24 -> 32)."""
     full = max(16, triton.next_power_of_2(d))
     a = full // 2
-    if a >= 16 and d > a:
+    if SPLIT_HEAD_DIM and a >= 16 and d > a:
         b = max(16, triton.next_power_of_2(d - a))
         if a + b < full:
             return a, b

@@ -142,7 +142,20 @@ def test_small_shapes(b, hk, wk, d, mode, matmul_precision):
     run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype), tol)
 
 
-def test_head_dim_chunks():
+@pytest.fixture
+def split_head_dim(monkeypatch):
+    # head dims in two chunks are off by default (configs.SPLIT_HEAD_DIM) until timed on a GPU; these tests turn
+    # them on
+    monkeypatch.setattr(K.configs, "SPLIT_HEAD_DIM", True)
+
+
+def test_head_dim_chunks_off_by_default_pad(monkeypatch):
+    monkeypatch.setattr(K.configs, "SPLIT_HEAD_DIM", False)
+    assert [K.configs.split(d) for d in (80, 48, 64)] == [(128, 0), (64, 0), (64, 0)]
+    assert [K.configs.pad(d) for d in (80, 96, 112)] == [128, 128, 128]
+
+
+def test_head_dim_chunks(split_head_dim):
     # head dims between powers of two run as two power-of-two chunks where that saves work over padding
     split = K.configs.split
     assert [split(d) for d in (16, 32, 64, 128)] == [(16, 0), (32, 0), (64, 0), (128, 0)]
@@ -167,7 +180,7 @@ SPLIT = [
 
 
 @pytest.mark.parametrize("b,hk,wk,d,dv,mode", SPLIT)
-def test_split_head_dims(b, hk, wk, d, dv, mode, monkeypatch, matmul_precision):
+def test_split_head_dims(b, hk, wk, d, dv, mode, monkeypatch, matmul_precision, split_head_dim):
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
     launches = []
@@ -375,7 +388,7 @@ SPLIT_GPU = [(16, 64, 80, 80), (400, 14, 80, 80), (12, 32, 48, 48), (12, 32, 96,
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["bf16", "fp32-high", "fp32-highest"])
 @pytest.mark.parametrize("b,grid,d,dv", SPLIT_GPU)
-def test_gpu_split_head_dims(b, grid, d, dv, mode, matmul_precision):
+def test_gpu_split_head_dims(b, grid, d, dv, mode, matmul_precision, split_head_dim):
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, dv, dtype, seed=d + dv + grid), tol)
