@@ -30,6 +30,15 @@ log = logging.getLogger("samhq_fx")
 _PKG = Path(__file__).resolve().parent
 
 
+def kernel_switches() -> str:
+    """The kernels' import-time switches that change what a traced triton_op computes with (cache key)."""
+    try:
+        from .kernels import configs
+    except ImportError:  # no triton: no kernels
+        return "none"
+    return f"split_head_dim={configs.SPLIT_HEAD_DIM}"
+
+
 def _source_files() -> tuple[str, ...]:
     """Files whose contents decide what the pass emits and what the op computes."""
     import samhq_fx.kernels as kernels_pkg
@@ -136,10 +145,12 @@ def _einsum_as_reduction(graph: Graph, term: RelTerm, fake_mode) -> bool:
     return True
 
 
-def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default) -> Node:
-    """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node."""
+def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default,
+                rel_einsum: bool = False) -> Node:
+    """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node. rel_einsum: the
+    einsums that make the rel-pos terms become reductions too (_einsum_as_reduction)."""
     fake_mode = value(m.q).fake_mode
-    for term in m.rel_h + m.rel_w:
+    for term in m.rel_h + m.rel_w if rel_einsum else ():
         src = einsum_source(term.node)
         if _einsum_as_reduction(graph, term, fake_mode):
             m.nodes.discard(src)
@@ -181,8 +192,10 @@ def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
 class RelPosAttentionPass(CustomGraphPass):
     """Inductor pre-grad pass: fuse every rel-pos attention of the graph it is given."""
 
-    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False):
+    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False,
+                 rel_einsum: bool = False):
         self.min_seq_len = int(min_seq_len)
+        self.rel_einsum = bool(rel_einsum)  # backend option samhq.rel_einsum
         self.dump_dir = dump_dir
         # which registration of the op (op.py) to emit: False the opaque op, True the triton_op one,
         # "auto" the triton_op one for static key grids on devices the kernels are verified for, else opaque
@@ -202,7 +215,7 @@ class RelPosAttentionPass(CustomGraphPass):
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
         for cand in candidates:
             if cand.match is not None:
-                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
+                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)), self.rel_einsum)
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
@@ -224,4 +237,6 @@ class RelPosAttentionPass(CustomGraphPass):
         return all(map(is_static, m.grid)) and q is not None and op.kernels_verified_for(q.device)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files(_source_files()) + f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}".encode()
+        return get_hash_for_files(_source_files()) + (
+            f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}|rel_einsum={self.rel_einsum}"
+            f"|{kernel_switches()}").encode()

@@ -44,13 +44,21 @@ def test_rel_einsums_become_reductions_and_stay_exact(equations):
     ref = sam_attention(q, k, v, *tables, equations=equations)
     ref_grads = torch.autograd.grad(ref.square().mean(), [q, k, v, *tables])
     fn = torch.compile(lambda *a: sam_attention(*a, equations=equations), backend="samhq",
-                       options={"samhq.inductor": False})
+                       options={"samhq.inductor": False, "samhq.rel_einsum": True})
     out = fn(q, k, v, *tables)
     grads = torch.autograd.grad(out.square().mean(), [q, k, v, *tables])
     assert counters["samhq"]["fused"] == 1 and counters["samhq"]["rel_einsums"] == 2
     assert rel_err(out, ref) < 1e-6  # the op keeps lse in fp32
     for g, r in zip(grads, ref_grads):  # the tables' gradients flow through the reductions
         assert rel_err(g, r) < 1e-6
+
+
+def test_rel_einsums_stay_einsums_by_default():
+    fresh_compile_state()
+    q, k, v = _inputs()
+    out = torch.compile(sam_attention, backend="samhq", options={"samhq.inductor": False})(q, k, v, *_tables())
+    assert counters["samhq"]["fused"] == 1 and counters["samhq"]["rel_einsums"] == 0
+    assert rel_err(out, sam_attention(q, k, v, *_tables())) < 1e-6
 
 
 def test_other_einsum_forms_are_left_as_einsums():
