@@ -4,6 +4,7 @@
     python examples/finetune_samhq.py --model DIR_OR_HUB_ID --data DIR [--train decoder|lora|full]
         [--steps N | --epochs N] [--batch B] [--lr LR] [--bf16] [--out DIR] [--resume DIR/checkpoint-K]
     python examples/finetune_samhq.py --full      # random-init ViT-B at 1024x1024 (GPU), bf16 autocast
+    python examples/finetune_samhq.py --full --size vit-h     # the same with SAM-HQ's ViT-H encoder
 
 The data layout is in samhq_data.py, the checkpoint layout in samhq_model_io.py. With no --model a
 random-init model is built; with no --data a small mask folder is generated under --out first, so the
@@ -49,6 +50,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="SamHQModel.from_pretrained dir or cached hub id (default: random)")
     p.add_argument("--full", action="store_true", help="with no --model: random ViT-B at 1024x1024 (GPU)")
+    p.add_argument("--size", choices=("vit-b", "vit-l", "vit-h"), default="vit-b",
+                   help="with --full: which SAM-HQ encoder to build (default vit-b)")
     p.add_argument("--data", default=None, help="mask folder: images/, masks/, optional val.txt (default: generated)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held out when there is no val.txt (seeded)")
     p.add_argument("--points", type=int, default=0, help="also prompt with N points drawn inside the mask")
@@ -136,7 +139,7 @@ def main(argv=None):
     device = torch.device(args.device)
     if args.full and device.type != "cuda" and not args.model:
         p.error("--full needs a CUDA GPU")
-    spec = args.model or ("random:vit-b" if args.full else "random:tiny")
+    spec = args.model or (f"random:{args.size}" if args.full else "random:tiny")
     bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
     torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it, as most fine-tuning runs do
     out = Path(args.out)

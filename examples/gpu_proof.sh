@@ -6,6 +6,7 @@
 #
 #   bash examples/gpu_proof.sh                      # all three recipes, 30 steps, batch 4
 #   STEPS=40 BATCH=2 bash examples/gpu_proof.sh decoder full
+#   MODEL=vit-h BATCH=2 bash examples/gpu_proof.sh full lora   # SAM-HQ's ViT-H encoder
 #   WHEELS=wheels bash examples/gpu_proof.sh        # first pip-install peft (lora) etc. from a wheel folder, offline
 #   MODEL=tiny EXTRA=--samhq-aot-eager STEPS=3 bash examples/gpu_proof.sh decoder   # dry run on a CPU
 #
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 STEPS=${STEPS:-30}
 BATCH=${BATCH:-4}
 WORK=${WORK:-/tmp/samhq_gpu_proof}
-MODEL=${MODEL:-vit-b}  # or tiny (64x64), to try the script without a GPU
+MODEL=${MODEL:-vit-b}  # vit-l, vit-h, or tiny (64x64), to try the script without a GPU
 EXTRA=${EXTRA:-}       # more finetune_samhq.py flags
 MODES=${*:-decoder lora full}
 mkdir -p "$WORK"
@@ -30,8 +31,8 @@ python -c "import samhq_fx.patterns, samhq_fx.kernels" 2>/dev/null \
 python -c "import PIL" || { echo "Pillow is not installed: pip install pillow (or WHEELS=dir)"; exit 1; }
 python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 
-if [ "$MODEL" = vit-b ]; then SIZE=1024; FLAG=--vit-b; else SIZE=64; FLAG=; fi
-[ -f "$WORK/$MODEL/config.json" ] || python examples/samhq_model_io.py "$WORK/$MODEL" $FLAG
+if [ "$MODEL" = tiny ]; then SIZE=64; else SIZE=1024; fi
+[ -f "$WORK/$MODEL/config.json" ] || python examples/samhq_model_io.py "$WORK/$MODEL" --size "$MODEL"
 python -c "import sys; sys.path.insert(0, 'examples'); import samhq_data; samhq_data.write_synthetic('$WORK/data-$SIZE', n=40, size=$SIZE)"
 
 for mode in $MODES; do

@@ -1,6 +1,6 @@
 """SAM-HQ models for fine-tuning: load or build them, choose what trains, save and resume checkpoints.
 
-    python examples/samhq_model_io.py DIR [--vit-b]   # save a random-init SAM-HQ (tiny, or ViT-B 1024) to DIR
+    python examples/samhq_model_io.py DIR [--size tiny|vit-b|vit-l|vit-h]   # save a random-init SAM-HQ to DIR
 
 A model is named by a spec: a directory or cached hub id that `SamHQModel.from_pretrained` takes, or
 "random:tiny" / "random:vit-b" for a random-init model (`samhq_fx.models.random_init_`, seeded, so the
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import SamHQConfig, SamHQModel, SamHQProcessor
 
-from samhq_fx.models import random_init_, sam_hq_config
+from samhq_fx.models import VIT_SIZES, random_init_, sam_hq_config
 
 TRAIN_MODES = ("decoder", "lora", "full")
 # The vision encoder's attention projections; the fused op sits between them, so LoRA here keeps it fused.
@@ -37,11 +37,15 @@ class ModelError(ValueError):
     """--model / --resume does not name a usable SAM-HQ checkpoint; the message names it."""
 
 
+RANDOM_KINDS = ("tiny", *VIT_SIZES)
+
+
 def random_config(kind: str, attn: str = "sdpa") -> SamHQConfig:
-    # vit-b: SAM-HQ ViT-B, 64x64 tokens, 14x14 windows, 4 global layers; tiny: 8x8 tokens, for CPU
-    if kind not in ("tiny", "vit-b"):
-        raise ModelError(f"unknown random model {kind!r} (tiny, vit-b)")
-    return sam_hq_config(attn, full=kind == "vit-b")
+    # vit-b / vit-l / vit-h: SAM-HQ's encoders at 1024x1024 (64x64 tokens, 14x14 windows, 4 global layers;
+    # samhq_fx.models.VIT_SIZES); tiny: 8x8 tokens, for CPU
+    if kind not in RANDOM_KINDS:
+        raise ModelError(f"unknown random model {kind!r} ({', '.join(RANDOM_KINDS)})")
+    return sam_hq_config(attn, full=kind != "tiny", size=kind if kind != "tiny" else "vit-b")
 
 
 def mask_size(model: SamHQModel) -> int:
@@ -161,10 +165,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", help="where to save the model (save_pretrained) and its processor")
     p.add_argument("--vit-b", action="store_true", help="SAM-HQ ViT-B at 1024x1024 instead of the tiny model")
+    p.add_argument("--size", choices=RANDOM_KINDS, default=None, help="tiny, vit-b, vit-l or vit-h (--vit-b: vit-b)")
     args = p.parse_args(argv)
-    model, processor = load("random:vit-b" if args.vit_b else "random:tiny")
+    kind = args.size or ("vit-b" if args.vit_b else "tiny")
+    model, processor = load(f"random:{kind}")
     save_model(model, processor, args.dir)
-    print(f"saved a random-init SAM-HQ ({'ViT-B' if args.vit_b else 'tiny'}) to {args.dir}")
+    print(f"saved a random-init SAM-HQ ({kind}) to {args.dir}")
 
 
 if __name__ == "__main__":

@@ -161,3 +161,14 @@ def test_commands_from_a_shell(tiny, tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert f"error: {tmp_path / 'masks' / 'lonely.png'}: mask with no image" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_random_models_of_every_sam_size():
+    # --full --size vit-b|vit-l|vit-h builds SAM-HQ's encoders (the HQ decoder reads the encoder's width)
+    cfgs = {kind: samhq_model_io.random_config(kind) for kind in samhq_model_io.RANDOM_KINDS}
+    widths = {k: (c.vision_config.hidden_size, c.vision_config.num_hidden_layers, c.vision_config.num_attention_heads)
+              for k, c in cfgs.items()}
+    assert widths["vit-b"] == (768, 12, 12) and widths["vit-l"] == (1024, 24, 16) and widths["vit-h"] == (1280, 32, 16)
+    assert all(c.mask_decoder_config.vit_dim == c.vision_config.hidden_size for k, c in cfgs.items() if k != "tiny")
+    with pytest.raises(samhq_model_io.ModelError, match="unknown random model 'vit-g'"):
+        samhq_model_io.random_config("vit-g")
