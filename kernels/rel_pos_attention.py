@@ -95,8 +95,27 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
     d_pad / dv_pad the head dims as the kernels see them (configs.pad: 80 = 64 + 16 stays 80). 80 runs the
     head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
     d = max(d_pad, dv_pad)
-    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > 80, d=d, wk=wk, rows=rows,
-                          interpret=_INTERPRET)
+    key = (kernel, dtype, prec, d, wk, rows)
+    try:
+        hit = _CONFIGS.get(key)
+    except TypeError:  # a symbolic size (traced with dynamic shapes) does not hash: no cache
+        hit = key = None
+    if hit is None or hit[0] is not configs.TABLE or hit[1] is not configs.OVERRIDES:
+        cfg = configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > 80, d=d, wk=wk, rows=rows,
+                             interpret=_INTERPRET)
+        if key is not None:
+            if len(_CONFIGS) > 4096:
+                _CONFIGS.clear()
+            _CONFIGS[key] = hit = (configs.TABLE, configs.OVERRIDES, cfg)  # holds both, so their ids never recur
+        else:
+            return cfg
+    return dict(hit[2])
+
+
+# shape class -> (the table and overrides it was read from, config): a lookup walks the whole table in Python, ~20 us
+# a kernel on the H200's host (3 per backward call; benchmarks/NOTES.md, host path); a sweep or test that swaps
+# TABLE or OVERRIDES reads the table again
+_CONFIGS: dict[tuple, tuple] = {}
 
 
 _tile, _pad = configs.tile, configs.pad

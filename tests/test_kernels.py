@@ -418,3 +418,17 @@ def test_gpu_backward_deterministic(b, grid, d, mode, matmul_precision):
     g2 = K.backward(dout, q, k, v, rh, rw, out, lse, scale)
     for name, a, c in zip(NAMES[2:], g1, g2):
         assert torch.equal(a, c), f"{name} differs between runs"
+
+
+def test_config_lookups_are_cached_per_table_and_overrides(monkeypatch):
+    # the host path reads a shape class's config once; a sweep or test that swaps the table or the overrides
+    # reads it again, and callers get their own copy
+    args = ("dq", torch.bfloat16, "none", 64, 64, 64, 12 * 4096)
+    first = K._config(*args)
+    first["BLOCK_M"] = -1
+    assert K._config(*args)["BLOCK_M"] != -1
+    monkeypatch.setattr(K.configs, "OVERRIDES", {"dq": {"BLOCK_M": 16}})
+    assert K._config(*args)["BLOCK_M"] == 16
+    monkeypatch.setattr(K.configs, "OVERRIDES", {})
+    assert K._config(*args) == K.configs.config("dq", fp32=False, prec="none", wide=False, d=64, wk=64,
+                                                rows=12 * 4096, interpret=K._INTERPRET)
