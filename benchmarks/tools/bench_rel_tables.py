@@ -7,7 +7,7 @@ Per 076 grid (12 heads, bf16 unless --dtype), us by CUDA-graph replay (do_bench 
   T_w, dqrel_w, dtab_w         q @ tables^T, dT @ tables, dT^T @ q at width w = 4H - 2 (natural) and w8 (aligned)
 Each kernel's output is checked equal to the torch form's before it is timed.
 
-    python benchmarks/bench_rel_tables.py --out $OUT      # writes bench_rel_tables.json, a table last
+    python benchmarks/tools/bench_rel_tables.py --out $OUT      # writes bench_rel_tables.json, a table last
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sol076"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sol076"))  # the entry's tables
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: common, bench_attention_core
 from bench_attention_core import graph_bench  # noqa: E402
 from common import env_info  # noqa: E402
 

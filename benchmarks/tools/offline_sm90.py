@@ -2,9 +2,9 @@
 limit, and from the SASS how many exponentials run between a wgmma wait that leaves one MMA in flight and the wait
 for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, sessions 7 and 10).
 
-    python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
-    python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
-    python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
+    python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
+    python benchmarks/tools/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
+    python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
 (HK, WK, WK_PAD, R / R_KV / R_Q, BLOCK_M / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means
@@ -24,7 +24,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root: kernels/
 try:
     from samhq_fx.kernels import backward as kb
     from samhq_fx.kernels import forward as kf
