@@ -16,7 +16,7 @@ dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (
 backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
 
 Usage: python benchmarks/bench_attention_core.py [--out DIR] [--skip-baselines] [--skip-sol]
-(block-config and variant sweeps: benchmarks/sweep_kernels.py)
+(block-config and variant sweeps: benchmarks/tools/sweep_kernels.py)
 Writes bench_attention_core.json to --out (default $OUT or .).
 """
 

@@ -31,12 +31,11 @@ log = logging.getLogger("samhq_fx")
 
 try:  # Triton (and with it the kernels) exists on Linux; elsewhere the reference serves alone.
     from .kernels import rel_pos_attention as _kernels
-    from .kernels import rel_pos_tables as _tables
     from torch.library import triton_op as _define_op
 
     _KERNELS_MISSING = None
 except ImportError as e:  # pragma: no cover - exercised only where the import fails (tests/test_op.py, a subprocess)
-    _kernels = _tables = None
+    _kernels = None
     _define_op = None
     # what failed, not a guess: a missing triton, a triton too old for an import the kernels make, a broken install
     _KERNELS_MISSING = f"the Triton kernels failed to import ({type(e).__name__}: {e})"
@@ -265,72 +264,6 @@ def kernels_verified_for(device: torch.device) -> bool:
     the opaque op's fallback to the reference cannot catch a kernel that does not build or fit; elsewhere
     (other GPUs, CPU) "auto" keeps the opaque op and with it that fallback."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
-
-
-# --- the rel-pos terms out of table-row space and their gradients back (kernels/rel_pos_tables.py; the 076
-# entry's rel_h / rel_w and dT) ------------------------------------------------------------------------------
-
-
-def _rel_terms_impl(t: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    if _tables is not None and t.device.type == "cuda" and t.numel() < 2**31:  # int32 offsets
-        return _tables.rel_terms(t, h, w)
-    return reference.rel_terms(t, h, w)
-
-
-def _table_grad_impl(d_rel_h: torch.Tensor, d_rel_w: torch.Tensor, width: int) -> torch.Tensor:
-    rows = d_rel_h.numel() // max(1, d_rel_h.shape[-1])
-    if _tables is not None and d_rel_h.device.type == "cuda" and rows * width < 2**31:  # int32 offsets
-        return _tables.table_grad(d_rel_h, d_rel_w, width)
-    return reference.table_grad(d_rel_h, d_rel_w, width)
-
-
-def _table_grad_fake(d_rel_h, d_rel_w, width):
-    return d_rel_h.new_empty((d_rel_h.numel() // d_rel_h.shape[-1], width))
-
-
-# A triton_op where Triton exists, so Inductor traces into it and launches the kernel from its own code (inside
-# the entry's CUDA graph); a plain custom op over the torch form elsewhere.
-_TABLE_GRAD_SCHEMA = "(Tensor d_rel_h, Tensor d_rel_w, int width) -> Tensor"
-_REL_TERMS_SCHEMA = "(Tensor t, int h, int w) -> Tensor"
-if _define_op is not None:
-    _define_op("samhq::rel_pos_table_grad", mutates_args=(), schema=_TABLE_GRAD_SCHEMA)(_table_grad_impl)
-    _define_op("samhq::rel_pos_terms", mutates_args=(), schema=_REL_TERMS_SCHEMA)(_rel_terms_impl)
-else:  # pragma: no cover
-    torch.library.custom_op("samhq::rel_pos_table_grad", mutates_args=(), schema=_TABLE_GRAD_SCHEMA)(
-        _table_grad_impl).register_fake(_table_grad_fake)
-    torch.library.custom_op("samhq::rel_pos_terms", mutates_args=(), schema=_REL_TERMS_SCHEMA)(
-        _rel_terms_impl).register_fake(lambda t, h, w: t.new_empty((t.shape[0] // (h * w), h * w, h + w)))
-
-
-def rel_pos_terms(t: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """t: [B*H*W, width], T = q @ [rel_pos_h; rel_pos_w]^T (zero-padded columns allowed) of an H x W grid attending
-    to itself -> [B, H*W, H + W] = [rel_h | rel_w]: each query's terms, taken from T at the shifted columns."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 2:
-        raise ValueError("rel_pos_terms: `t` must be a 2-D tensor [batch*H*W, width]")
-    if h < 1 or w < 1 or t.shape[0] % (h * w) or t.shape[1] < 2 * h - 1 + 2 * w - 1:
-        raise ValueError(f"rel_pos_terms: `t` {tuple(t.shape)} must have a multiple of h*w = {h * w} rows and at "
-                         f"least 2h-1 + 2w-1 = {2 * h - 1 + 2 * w - 1} columns")
-    return torch.ops.samhq.rel_pos_terms(t, h, w)
-
-
-def rel_pos_table_grad(d_rel_h: torch.Tensor, d_rel_w: torch.Tensor, width: int | None = None) -> torch.Tensor:
-    """d_rel_h: [B, H*W, H], d_rel_w: [B, H*W, W] of an H x W grid attending to itself -> dT: [B*H*W, width], the
-    gradient of T = q @ [rel_pos_h; rel_pos_w]^T (zero columns past 2H-1 + 2W-1; width defaults to that sum)."""
-    for name, t in (("d_rel_h", d_rel_h), ("d_rel_w", d_rel_w)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise ValueError(f"rel_pos_table_grad: `{name}` must be a 3-D tensor [batch, H*W, H or W]")
-    b, n, h = d_rel_h.shape
-    w = d_rel_w.shape[-1]
-    if h * w != n or d_rel_w.shape[:2] != (b, n):
-        raise ValueError(f"rel_pos_table_grad: `d_rel_h` {tuple(d_rel_h.shape)} and `d_rel_w` {tuple(d_rel_w.shape)} "
-                         f"must be [B, H*W, H] and [B, H*W, W] of one H x W grid")
-    if d_rel_w.dtype != d_rel_h.dtype or d_rel_w.device != d_rel_h.device:
-        raise ValueError("rel_pos_table_grad: `d_rel_h` and `d_rel_w` must share a dtype and a device")
-    least = 2 * h - 1 + 2 * w - 1
-    width = least if width is None else int(width)
-    if width < least:
-        raise ValueError(f"rel_pos_table_grad: `width` must be at least 2H-1 + 2W-1 = {least}, got {width}")
-    return torch.ops.samhq.rel_pos_table_grad(d_rel_h, d_rel_w, width)
 
 
 # --- functional API -----------------------------------------------------------------------------

@@ -101,38 +101,3 @@ def naive(q, k, v, rel_h, rel_w, scale: float):
     s = (q * scale) @ k.transpose(-2, -1)
     s = (s.view(b, n_q, hk, wk) + rel_h[..., :, None] + rel_w[..., None, :]).view(b, n_q, hk * wk)
     return torch.softmax(s, dim=-1) @ v
-
-
-def table_grad(d_rel_h, d_rel_w, width: int):
-    """d_rel_h: [B, H*W, H], d_rel_w: [B, H*W, W] (an H x W grid attending to itself) -> dT: [B*H*W, width]:
-    the rel-pos gradients moved into table-row space, zero-padded (kernels/rel_pos_tables.py says why and
-    holds the kernel; this is its torch form, for CPU and for tests). dT[i, r] = d_rel_h[i, ih - r + H - 1] for
-    r < 2H - 1, dT[i, 2H - 1 + r] = d_rel_w[i, iw - r + W - 1], where those key rows / columns exist."""
-    b, n, h = d_rel_h.shape
-    w = d_rel_w.shape[-1]
-    dev = d_rel_h.device
-    rows_h, rows_w = 2 * h - 1, 2 * w - 1
-    i_h, i_w = torch.arange(h, device=dev), torch.arange(w, device=dev)
-    kh = i_h[:, None] - torch.arange(rows_h, device=dev)[None, :] + h - 1  # [H, rows_h]: key row of (ih, r)
-    kw = i_w[:, None] - torch.arange(rows_w, device=dev)[None, :] + w - 1
-    # any in-range column serves the masked entries: remainder, not clamp (torch 2.11's Inductor folds a
-    # clamped iota into a sympy Max it cannot compare; on the GPU the kernel runs instead)
-    dt_h = d_rel_h.reshape(b, h, w, h).gather(3, kh.remainder(h).view(1, h, 1, rows_h).expand(b, h, w, rows_h))
-    dt_w = d_rel_w.reshape(b, h, w, w).gather(3, kw.remainder(w).view(1, 1, w, rows_w).expand(b, h, w, rows_w))
-    parts = [dt_h.masked_fill(((kh < 0) | (kh >= h)).view(1, h, 1, rows_h), 0),
-             dt_w.masked_fill(((kw < 0) | (kw >= w)).view(1, 1, w, rows_w), 0)]
-    if width > rows_h + rows_w:
-        parts.append(d_rel_h.new_zeros(b, h, w, width - rows_h - rows_w))
-    return torch.cat(parts, 3).view(b * n, width)
-
-
-def rel_terms(t, h: int, w: int):
-    """t: [B*H*W, width] (T = q @ [rel_pos_h; rel_pos_w; zero rows]^T) -> rel: [B, H*W, H + W] = [rel_h | rel_w],
-    rel_h[i, kh] = t[i, ih - kh + H - 1], rel_w[i, kw] = t[i, 2H - 1 + iw - kw + W - 1] (kernels/rel_pos_tables.py)."""
-    rows, width = t.shape
-    b, dev = rows // (h * w), t.device
-    i_h, i_w = torch.arange(h, device=dev), torch.arange(w, device=dev)
-    col_h = (i_h[:, None] - i_h[None, :] + h - 1).view(1, h, 1, h).expand(b, h, w, h)
-    col_w = (i_w[:, None] - i_w[None, :] + w - 1 + 2 * h - 1).view(1, 1, w, w).expand(b, h, w, w)
-    t4 = t.view(b, h, w, width)
-    return torch.cat([t4.gather(3, col_h), t4.gather(3, col_w)], 3).view(b, h * w, h + w)

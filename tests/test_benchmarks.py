@@ -17,6 +17,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"))  # sol076_exact
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))  # sweep_kernels
 
 import common  # noqa: E402
 import plot  # noqa: E402

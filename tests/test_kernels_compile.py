@@ -41,7 +41,7 @@ def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
                                                                    BLOCK_M_KV=c["BLOCK_M"])))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=str(Path(__file__).resolve().parents[1] / "benchmarks"))
+                          cwd=str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ctas_per_sm"] >= 2, report

@@ -1,5 +1,6 @@
-"""The rel-pos terms out of table-row space and their gradients back (kernels/rel_pos_tables.py, ops
-`samhq::rel_pos_terms` and `samhq::rel_pos_table_grad`).
+"""The rel-pos terms out of table-row space and their gradients back (the 076 entry's kernels,
+benchmarks/sol076/rel_pos_tables.py, and its ops `samhq::rel_pos_terms` and `samhq::rel_pos_table_grad`,
+benchmarks/sol076/rel_pos_ops.py).
 
 rel_pos_terms is checked against SAM's definition written as loops over the grid.
 
@@ -12,18 +13,17 @@ with NaN before the kernel writes it.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-import samhq_fx.op as samhq_op
-from samhq_fx import reference
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"))
 
-try:
-    from samhq_fx.kernels import rel_pos_attention as K
-    from samhq_fx.kernels import rel_pos_tables as KT
-except ImportError:  # `python -m pytest` from the repo root
-    from kernels import rel_pos_attention as K
-    from kernels import rel_pos_tables as KT
+import rel_pos_ops as ops  # noqa: E402
+import rel_pos_tables as KT  # noqa: E402
+from samhq_fx.kernels import rel_pos_attention as K  # noqa: E402  (the module whose poison hook KT allocates with)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -72,9 +72,9 @@ def test_kernel_matches_autograd(b, h, w, width, dtype, monkeypatch):
 def test_torch_form_and_op_match_autograd(b, h, w, width):
     d_rel_h, d_rel_w = inputs(b, h, w, torch.float32, device="cpu", seed=1)
     want = oracle(d_rel_h, d_rel_w, width)
-    assert torch.equal(reference.table_grad(d_rel_h, d_rel_w, width).double(), want)
-    assert torch.equal(samhq_op.rel_pos_table_grad(d_rel_h, d_rel_w, width).double(), want)
-    compiled = torch.compile(lambda a, c: samhq_op.rel_pos_table_grad(a, c, width), fullgraph=True)
+    assert torch.equal(ops.table_grad(d_rel_h, d_rel_w, width).double(), want)
+    assert torch.equal(ops.rel_pos_table_grad(d_rel_h, d_rel_w, width).double(), want)
+    compiled = torch.compile(lambda a, c: ops.rel_pos_table_grad(a, c, width), fullgraph=True)
     assert torch.equal(compiled(d_rel_h, d_rel_w).double(), want)
 
 
@@ -88,13 +88,13 @@ def test_strided_inputs_are_taken():
 def test_bad_inputs_are_refused():
     d_rel_h, d_rel_w = inputs(1, 4, 6, torch.float32, device="cpu")
     with pytest.raises(ValueError, match="width"):
-        samhq_op.rel_pos_table_grad(d_rel_h, d_rel_w, 10)  # needs 7 + 11
+        ops.rel_pos_table_grad(d_rel_h, d_rel_w, 10)  # needs 7 + 11
     with pytest.raises(ValueError, match="H x W grid"):
-        samhq_op.rel_pos_table_grad(d_rel_h, d_rel_w[:, :, :5], 24)
+        ops.rel_pos_table_grad(d_rel_h, d_rel_w[:, :, :5], 24)
     with pytest.raises(ValueError, match="3-D"):
-        samhq_op.rel_pos_table_grad(d_rel_h[0], d_rel_w, 24)
+        ops.rel_pos_table_grad(d_rel_h[0], d_rel_w, 24)
     with pytest.raises(ValueError, match="dtype"):
-        samhq_op.rel_pos_table_grad(d_rel_h, d_rel_w.double(), 24)
+        ops.rel_pos_table_grad(d_rel_h, d_rel_w.double(), 24)
 
 
 def terms_by_loops(t, b, h, w):
@@ -125,14 +125,14 @@ def test_rel_terms_kernel_matches_the_definition(b, h, w, width, dtype, monkeypa
 def test_rel_terms_torch_form_and_op(b, h, w, width):
     t = torch.randn(b * h * w, width, generator=torch.Generator().manual_seed(4))
     want = terms_by_loops(t, b, h, w)
-    assert torch.equal(reference.rel_terms(t, h, w).double(), want)
-    assert torch.equal(samhq_op.rel_pos_terms(t, h, w).double(), want)
-    compiled = torch.compile(lambda x: samhq_op.rel_pos_terms(x, h, w), fullgraph=True)
+    assert torch.equal(ops.rel_terms(t, h, w).double(), want)
+    assert torch.equal(ops.rel_pos_terms(t, h, w).double(), want)
+    compiled = torch.compile(lambda x: ops.rel_pos_terms(x, h, w), fullgraph=True)
     assert torch.equal(compiled(t).double(), want)
     with pytest.raises(ValueError, match="rows"):
-        samhq_op.rel_pos_terms(t[1:], h, w)
+        ops.rel_pos_terms(t[1:], h, w)
     with pytest.raises(ValueError, match="columns"):
-        samhq_op.rel_pos_terms(t[:, :2 * h - 1], h, w)
+        ops.rel_pos_terms(t[:, :2 * h - 1], h, w)
 
 
 @pytest.mark.gpu
@@ -143,7 +143,7 @@ def test_gpu_076_grids(grid, dtype, monkeypatch):
     h, w, b = grid
     d_rel_h, d_rel_w = inputs(12 * b, h, w, dtype)
     width = (4 * h - 2 + 7) // 8 * 8
-    got = samhq_op.rel_pos_table_grad(d_rel_h, d_rel_w, width)
-    assert torch.equal(got, reference.table_grad(d_rel_h, d_rel_w, width))
+    got = ops.rel_pos_table_grad(d_rel_h, d_rel_w, width)
+    assert torch.equal(got, ops.table_grad(d_rel_h, d_rel_w, width))
     t = torch.randn(12 * b * h * w, width, device=DEVICE, dtype=dtype)
-    assert torch.equal(samhq_op.rel_pos_terms(t, h, w), reference.rel_terms(t, h, w))
+    assert torch.equal(ops.rel_pos_terms(t, h, w), ops.rel_terms(t, h, w))

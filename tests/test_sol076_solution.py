@@ -1,4 +1,4 @@
-"""The 076 leaderboard entry (benchmarks/sol076_solution.py) against the benchmark's float64 reference.
+"""The 076 leaderboard entry (benchmarks/sol076/sol076_solution.py) against the benchmark's float64 reference.
 
 The entry is the layer's backward written by hand (no autograd), so every one of the 7 gradients is checked
 with the benchmark's rule (sol076.check) and, on CPU, far tighter (fp32 against fp64). On CPU the fused op
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sol076
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"))  # the entry
 
 import samhq_fx.op as samhq_op  # noqa: E402
 import sol076  # noqa: E402

@@ -1,13 +1,13 @@
 """The 076 entry's table-space pieces on the GPU: the rel-pos shift kernels against Inductor's torch forms, and
-the table GEMMs at the natural width against the 8-aligned one (kernels/rel_pos_tables.py, sol076_solution.py).
+the table GEMMs at the natural width against the 8-aligned one (sol076/rel_pos_tables.py, sol076/sol076_solution.py).
 
 Per 076 grid (12 heads, bf16 unless --dtype), us by CUDA-graph replay (do_bench median, L2 flushed):
-  terms_torch / terms_kernel   rel = [rel_h | rel_w] out of T: reference.rel_terms compiled by Inductor / the kernel
-  dt_torch / dt_kernel         dT out of d_rel_h, d_rel_w: reference.table_grad compiled / the kernel
+  terms_torch / terms_kernel   rel = [rel_h | rel_w] out of T: rel_pos_ops.rel_terms compiled by Inductor / the kernel
+  dt_torch / dt_kernel         dT out of d_rel_h, d_rel_w: rel_pos_ops.table_grad compiled / the kernel
   T_w, dqrel_w, dtab_w         q @ tables^T, dT @ tables, dT^T @ q at width w = 4H - 2 (natural) and w8 (aligned)
 Each kernel's output is checked equal to the torch form's before it is timed.
 
-    python benchmarks/bench_rel_tables.py --out $OUT      # writes bench_rel_tables.json, a table last
+    python benchmarks/tools/bench_rel_tables.py --out $OUT      # writes bench_rel_tables.json, a table last
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sol076"))  # the entry's tables
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: common, bench_attention_core
 from bench_attention_core import graph_bench  # noqa: E402
 from common import env_info  # noqa: E402
 
-from samhq_fx import reference  # noqa: E402
-from samhq_fx.kernels import rel_pos_tables  # noqa: E402
+import rel_pos_ops  # noqa: E402  (the torch forms; registers the ops)
+import rel_pos_tables  # noqa: E402
 
 GRIDS = [(7, 7, 1), (7, 7, 64), (14, 14, 8), (16, 16, 32), (28, 28, 4), (32, 32, 4), (32, 32, 8), (48, 48, 1),
          (48, 48, 2), (56, 56, 1), (64, 64, 4)]
@@ -43,8 +44,8 @@ def run(grid, dtype) -> dict:
     t = torch.randn(bh * n, w8, device=dev, dtype=dtype)
     drh = torch.randn(bh, n, h, device=dev, dtype=dtype)
     drw = torch.randn(bh, n, w, device=dev, dtype=dtype)
-    terms_torch = torch.compile(reference.rel_terms, fullgraph=True)
-    dt_torch = torch.compile(reference.table_grad, fullgraph=True)
+    terms_torch = torch.compile(rel_pos_ops.rel_terms, fullgraph=True)
+    dt_torch = torch.compile(rel_pos_ops.table_grad, fullgraph=True)
     assert torch.equal(rel_pos_tables.rel_terms(t, h, w), terms_torch(t, h, w))
     assert torch.equal(rel_pos_tables.table_grad(drh, drw, w8), dt_torch(drh, drw, w8))
     row = dict(grid=f"{h}x{w}x{b}", width=natural, width8=w8,

@@ -50,9 +50,9 @@ Run time on an H200 host (session 11: 15-20 s per compiled cell, compile include
 per workload for the default five implementations (the staged entry's cells take ~5-10 s), ~15 minutes for 16 workloads in one precision, so split
 the implementations over calls. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 
-  python benchmarks/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
-  python benchmarks/sol076_exact.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
-  python benchmarks/sol076_exact.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
+  python benchmarks/sol076/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
+  python benchmarks/sol076/sol076_exact.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
+  python benchmarks/sol076/sol076_exact.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
 Writes <out>/sol076_solution.json after every cell; prints the per-workload table (markdown), the suite means
 and the targets last.
 """
@@ -65,7 +65,9 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: common, sol076, sol_execbench_076
+sys.path.insert(0, HERE)  # the entry: sol076_solution, sol076_stage, graph_kernel_args
 
 import torch  # noqa: E402
 

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import rel_pos_attention as _attention
+from samhq_fx.kernels import rel_pos_attention as _attention
 
 
 @triton.jit

@@ -4,15 +4,15 @@ Each sweep times one kernel's alternatives with the others as shipped, through `
 CUDA-graph replay (do_bench median, L2 flushed; bench_attention_core.graph_bench). A config that does not
 fit the SM fails at its first launch and is recorded as an error, not fatal.
 
-    python benchmarks/sweep_kernels.py --bwd       # backward: split vs fused launch, dK/dV and dQ blocks; fwd blocks
-    python benchmarks/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
-    python benchmarks/sweep_kernels.py --narrow-bf16 --narrow16  # bf16 on narrow grids; fp32 with 16-key tiles
-    python benchmarks/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
-    python benchmarks/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
-    python benchmarks/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
-    python benchmarks/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
-    python benchmarks/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
-    python benchmarks/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
+    python benchmarks/tools/sweep_kernels.py --bwd       # backward: split vs fused launch, dK/dV and dQ blocks; fwd blocks
+    python benchmarks/tools/sweep_kernels.py --narrow    # fp32 block configs on the narrow 076 grids
+    python benchmarks/tools/sweep_kernels.py --narrow-bf16 --narrow16  # bf16 on narrow grids; fp32 with 16-key tiles
+    python benchmarks/tools/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
+    python benchmarks/tools/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
+    python benchmarks/tools/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
+    python benchmarks/tools/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
+    python benchmarks/tools/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
+    python benchmarks/tools/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -31,7 +31,7 @@ import time
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: common, bench_attention_core
 from common import env_info  # noqa: E402
 from bench_attention_core import (D, HEADS, K, MODES, SOL, flops, graph_bench, load_module, make,  # noqa: E402
                                   ours_fns)

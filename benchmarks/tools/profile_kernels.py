@@ -1,7 +1,7 @@
 """One forward + backward of the SAM-B global layer through our kernels, for a profiler to wrap.
 
     ncu --set full --clock-control none -k regex:"_fwd_kernel|_bwd_kernel" -c 3 -o prof \\
-        python benchmarks/profile_kernels.py --mode bf16 [--overrides '{"bwd": {"FUSED": true}}']
+        python benchmarks/tools/profile_kernels.py --mode bf16 [--overrides '{"bwd": {"FUSED": true}}']
 
 Runs the call twice (the first compiles; ncu's -c counts launches, so skip the first call's with
 --launch-skip 3 for a split backward) and nothing else, so the profile holds only our launches.
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: bench_attention_core
 from bench_attention_core import D, HEADS, K, MODES, make, ours_fns  # noqa: E402
 
 

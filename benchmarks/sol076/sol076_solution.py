@@ -21,7 +21,7 @@ cuBLAS gets 16-byte aligned rows), gives every product, and rel_h / rel_w are T'
 dT (`samhq::rel_pos_table_grad`; each (query row, table row) pair has at most one key row, so this is a gather
 with a mask, not a scatter-add: deterministic, no atomics), then dq += dT @ tables and d_tables = dT^T @ q are
 two more plain GEMMs. The price: T and dT are about twice the size of rel_h + rel_w (the shifted columns that
-no key row uses). Both shifts are kernels of ours (kernels/rel_pos_tables.py) because Inductor's versions of
+no key row uses). Both shifts are kernels of ours (rel_pos_tables.py) because Inductor's versions of
 them were slow: int64 remainders in dT (71 us at 56x56x1, now 11), and the forward gather fused into the
 transposed bias copies of the dK/dV kernel (77 us at 32x32x8).
 
@@ -53,7 +53,8 @@ import torch
 import torch.nn.functional as F
 
 import graph_kernel_args
-import samhq_fx.op as samhq_op  # registers torch.ops.samhq.*
+import rel_pos_ops  # noqa: F401  (registers torch.ops.samhq.rel_pos_terms, rel_pos_table_grad)
+import samhq_fx.op as samhq_op  # registers torch.ops.samhq.rel_pos_attention*
 import sol076_stage
 
 _log = logging.getLogger("samhq_fx")
@@ -178,7 +179,7 @@ def _recompute(hidden_states, qkv_weight, qkv_bias, tables, scale: float, fused:
     qkv = torch.addmm(qkv_bias, hidden_states.reshape(M, C), qkv_weight.t())
     q, k, v = (t.permute(0, 2, 1, 3).reshape(BH, N, d) for t in qkv.view(B, N, 3, nh, d).unbind(2))
     t = torch.mm(q.reshape(BH * N, d), tables.t())  # [BH * N, width]
-    # rel = [rel_h | rel_w] out of T's shifted columns: one kernel (kernels/rel_pos_tables.py; as a gather,
+    # rel = [rel_h | rel_w] out of T's shifted columns: one kernel (rel_pos_tables.py; as a gather,
     # Inductor fused it into the transposed bias copies that the dK/dV kernel takes, at ~300 GB/s)
     rel = torch.ops.samhq.rel_pos_terms(t, H, W)  # [BH, N, H + W]
     out, lse = fwd_op(q, k, v, rel[..., :H], rel[..., H:], scale)
@@ -213,7 +214,7 @@ def _attention_grads(grad_output, proj_weight, tables, q, k, v, rel, out, lse, s
     _, bwd_op = fused_ops(fused, grad_output.device)
     dout = torch.mm(grad_output.reshape(M, C), proj_weight).view(B, N, nh, d).permute(0, 2, 1, 3).reshape(BH, N, d)
     # the attention backward, then the rel terms back into dT (a masked gather: key row kh = i - r + H - 1),
-    # one kernel (kernels/rel_pos_tables.py; zeros in the padding columns)
+    # one kernel (rel_pos_tables.py; zeros in the padding columns)
     dq, dk, dv, drh, drw = bwd_op(dout, q, k, v, rel[..., :H], rel[..., H:], out, lse, scale)
     dt = torch.ops.samhq.rel_pos_table_grad(drh, drw, width)  # [BH * N, width]
     dq = dq + torch.mm(dt, tables).view(BH, N, d)

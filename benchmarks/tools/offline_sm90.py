@@ -1,16 +1,16 @@
 """What a kernel config costs on Hopper, read without a GPU: registers, spills, shared memory, CTAs per SM by each
 limit, and from the SASS how many exponentials run between a wgmma wait that leaves one MMA in flight and the wait
-for none (the softmax / MMA overlap that Triton's tl kernels never have; NOTES, sessions 7 and 10).
+for none (the softmax / MMA overlap that Triton's tl kernels never have; benchmarks/NOTES.md, kernels).
 
-    python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
-    python benchmarks/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
-    python benchmarks/offline_sm90.py fwd bf16 - '{"D": 80, "DV": 80, "D_B": 16, "DV_B": 16}'
-    python benchmarks/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
+    python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
+    python benchmarks/tools/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
+    python benchmarks/tools/offline_sm90.py fwd bf16 - '{"D": 80, "DV": 80, "D_B": 16, "DV_B": 16}'
+    python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
 (HK, WK, WK_PAD, D / DV with their chunks D_A, D_B, DV_A, DV_B as configs.split gives them, R / R_KV / R_Q, BLOCK_M
 / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means TF32 dots, "PREC": "tf32x3" for "highest").
-Registers and shared memory have matched ncu on the H200 every time they were compared (sessions 6 and 10). What
+Registers and shared memory have matched ncu on the H200 every time they were compared (2026-11-30 and 2026-12-01). What
 this cannot show is time: it reads the schedule, not the clock.
 """
 
@@ -26,7 +26,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repo root: kernels/
 try:
     from samhq_fx.kernels import backward as kb
     from samhq_fx.kernels import forward as kf
