@@ -22,7 +22,7 @@ remainders and index asserts per element: 71.5 us at 56x56x1, 85.7 at 48x48x2 on
 computes the shifts in int32 and writes whole rows: 10.4 and 12.2 us (benchmarks/NOTES.md; d3d79fa).
 `width` pads the rows (to a multiple of 8) so the GEMMs that read dT get 16-byte aligned rows.
 
-The forward gather is fast as Inductor writes it alone (bench_rel_tables.py: 13.7 us at 56x56x1, 44.7 at
+The forward gather is fast as Inductor writes it alone (benchmarks/tools/bench_rel_tables.py: 13.7 us at 56x56x1, 44.7 at
 64x64x4, where `rel_terms` takes 15.2 and 76.3: its reversed-order gathers are not yet tuned), but in the entry
 Inductor fused it into the transposed bias copies that the dK/dV kernel reads (rel_pos_attention.py, BIAS_T):
 gather-and-transpose kernels at ~300 GB/s. With `rel_terms` as a barrier the rel-pos kernels of the entry's
