@@ -14,9 +14,9 @@ What lives here, once:
   * several GPUs of one host (`--gpus N`, `run_on_gpus`): the cells are split by estimated cost into N
     shares, each timed serially by its own process pinned to one GPU (CUDA_VISIBLE_DEVICES), and the rows
     merged. Compiling is CPU-bound and single-threaded per process, so N GPUs give ~N times the cells per
-    hour (session 3: two H200s of one host, one precision each, ~116 cells per GPU in ~18 minutes).
+    hour (2026-11-30: two H200s of one host, one precision each, ~116 cells per GPU in ~18 minutes).
     Warming the compile caches in many parallel processes first was tried and lost: 24 processes on 32
-    cores all ran out of time (benchmarks/NOTES.md, session 3).
+    cores all ran out of time (benchmarks/NOTES.md, 2026-11-30).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Implementations (all in one process, per precision and workload):
                              graph's own buffers (sol076_stage.py), then one replay of a CUDA graph captured
                              by hand (no graph trees: no input copies, no casts inside the graph), the
                              independent gradient GEMMs and sums on two low-priority streams inside it, the
-                             main branch at a higher priority (the fastest entry: 537 us "high" mean, session 14)
+                             main branch at a higher priority (the fastest entry: 537 us "high" mean, 2026-12-01)
   solution-bf16-staged-1s    solution-bf16-staged with everything on one stream
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
                              + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
@@ -46,7 +46,7 @@ The rules (sol_execbench_076.md), per cell:
   call (the extra memory a call needs beyond its inputs; CUDA-graph pools are recorded after it, so
   they count). On CPU there is no profiler: wall time (perf_counter) instead of span, no peak.
 
-Run time on an H200 host (session 11: 15-20 s per compiled cell, compile included; a few s for eager): ~60 s
+Run time on an H200 host (2026-12-01: 15-20 s per compiled cell, compile included; a few s for eager): ~60 s
 per workload for the default five implementations (the staged entry's cells take ~5-10 s), ~15 minutes for 16 workloads in one precision, so split
 the implementations over calls. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 

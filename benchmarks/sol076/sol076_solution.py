@@ -2,7 +2,7 @@
 
 The benchmark's call is "forward, then torch.autograd.grad of 7 inputs". Through autograd (even compiled,
 even with CUDA graphs) that is two graph replays with the autograd engine's host work between them: on the
-small workloads the GPU idles most of the call (benchmarks/NOTES.md, session 5). Here the same gradients
+small workloads the GPU idles most of the call (benchmarks/NOTES.md, 2026-11-30). Here the same gradients
 come from one function with no autograd in it:
 
     sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
@@ -32,7 +32,7 @@ bf16 compute takes both bias gradients from exact fp32 sums instead, below). The
 gradient is a column sum of dqkv, which Inductor can fuse into the kernel that assembles dqkv.
 
 make_solution(compute="bf16", staged=True) is the fastest entry (537 us "high" mean against 2195 for Inductor
-reduce-overhead, one H200 process, session 14; the graph-tree bf16 entry: 629, session 13): it owns its CUDA
+reduce-overhead, one H200 process, 2026-12-01; the graph-tree bf16 entry: 629, 2026-12-01): it owns its CUDA
 graph instead of using Inductor's graph trees. The graph starts with sol076_stage's kernel, which casts the fresh inputs into the buffers the rest reads, and before each
 replay that kernel's node is pointed at the call's inputs (graph_kernel_args), so a call is one graph launch with
 no input copy. Inside it, the projection's gradients and the last GEMMs run on two side streams (_StagedParts), at
@@ -92,7 +92,7 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
     kernels on bf16 operands (fp32 accumulation, fp32 softmax statistics) and returns fp32 gradients.
     The benchmark checks each output against atol + 1e-3 |ref| and not the precision used inside (its
     speed-of-light is priced at the 16-bit tensor rate); what "bf16" costs in accuracy is measured per
-    workload by sol076_exact.py's check (benchmarks/NOTES.md, session 11).
+    workload by sol076_exact.py's check (benchmarks/NOTES.md, 2026-12-01).
     """
     if compute not in COMPUTE_CHOICES:
         raise ValueError(f"compute={compute!r}; choose from {COMPUTE_CHOICES}")
@@ -134,7 +134,7 @@ def _backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, pro
             t.to(torch.bfloat16) for t in (grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, rel_pos_h,
                                            rel_pos_w))
     # [width, d]: zero rows pad T's rows (and dT's) to a multiple of 8 elements, 16-byte aligned, which cuBLAS
-    # needs for its fast kernels: T, dT @ tables and dT^T @ q each ran ~2x faster on the H200 (session 12)
+    # needs for its fast kernels: T, dT @ tables and dT^T @ q each ran ~2x faster on the H200 (2026-12-01)
     width = sol076_stage.table_width(rows_h, rows_w)
     tables = torch.cat([rel_pos_h, rel_pos_w, rel_pos_h.new_zeros(width - rows_h - rows_w, d)])
     return _core(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, tables, scale, fused, out_dtype,
@@ -151,7 +151,7 @@ def _core(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, tables,
     # ---- output projection: [dW_proj | db_proj] in one GEMM (ones column)
     # (pad + a constant column mask: one pointwise kernel; a cat with ones() writes the constant part apart).
     # bf16 compute takes db_proj from the fp32 sum above, so no ones column: a [M, C + 4] bf16 operand has
-    # 8-byte aligned rows, and cuBLAS's kernel for it took 2x the aligned one's time (session 12)
+    # 8-byte aligned rows, and cuBLAS's kernel for it took 2x the aligned one's time (2026-12-01)
     o2 = _token_major(out, B, C)
     o_ext = o2 if bias_sums is not None else F.pad(o2, (0, 4)) + (torch.arange(C + 4, device=dev) == C)
     dwb_proj = _mm(grad_output.reshape(M, C).t(), o_ext, out_dtype)
@@ -262,7 +262,7 @@ def _mm_out_dtype_works(device: torch.device) -> bool:
 def _mm(a, b, dtype: torch.dtype):
     """a @ b as `dtype`. bf16 operands with fp32 wanted: one cuBLAS call writing fp32 where torch.mm takes
     out_dtype (each cast kernel after a GEMM cost its run time and a launch gap: ~4 us a kernel on the small
-    workloads, the H200, session 12), else a GEMM then a cast."""
+    workloads, the H200, 2026-12-01), else a GEMM then a cast."""
     if a.dtype == dtype:
         return torch.mm(a, b)
     if _MM_OUT_DTYPE.get(a.device.type, False):
@@ -380,7 +380,7 @@ def _make_staged(mode, fused, backend, dynamic, options, side_streams: bool):
 def _staged_recompute(x16, wq16, bq16, tables16, scale: float, fused_: str):
     q, k, v, rel, out, lse = _recompute(x16, wq16, bq16, tables16, scale, fused_)
     # q also as the T GEMM's operand [B*heads*N, d] (Inductor's copy of it): the tables' gradient GEMM reuses it,
-    # where reshaping the returned view copied it again, beside the last GEMMs (7x7x1: 2.5 us; session 14)
+    # where reshaping the returned view copied it again, beside the last GEMMs (7x7x1: 2.5 us; 2026-12-01)
     return q, k, v, rel, out, lse, q.reshape(-1, tables16.shape[1])
 
 
@@ -400,7 +400,7 @@ class _StagedParts:
     bias sums beside the recompute, dW_proj beside the attention backward, the three last GEMMs at once (dx's node
     first). On the small workloads every kernel is latency-bound and leaves most SMs idle, so this shortens the
     call's path (7x7x1: ~20 us of ~60 us of kernels run beside others). Where the side work goes matters: beside
-    the attention backward's few programs it tripled that kernel's time (7x7x1: 6.5 -> 16.5 us; session 14), and
+    the attention backward's few programs it tripled that kernel's time (7x7x1: 6.5 -> 16.5 us; 2026-12-01), and
     the main branch runs at a higher priority than the sides (NODE_PRIORITY)."""
 
     def __init__(self, recompute, gradients):

@@ -3,7 +3,7 @@
 A CUDA graph reads its inputs at the addresses it was captured with, and the benchmark hands over fresh
 addresses each call. Under mode="reduce-overhead" (CUDA graph trees) that costs, every call:
   * one multi-tensor copy of all 8 inputs into the graph's fp32 buffers (18 us at 7x7x1, where the weights are
-    most of the 10 MB; 68 us at 64x64x4, in two launches; the H200, session 12),
+    most of the 10 MB; 68 us at 64x64x4, in two launches; the H200, 2026-12-01),
   * then, inside the graph, bf16 casts of those copies (5-6 kernels: x, grad_output, both weights, qkv bias,
     the tables' concatenation), each with its launch gap,
   * and the graph trees' Python between the copy and the replay, which the GPU waits through.
@@ -91,7 +91,7 @@ def _stage_kernel(G, G16, GPART, X, X16, WQ, WQ16, BQ, BQ16, WP, WP16, WP32, RH,
 
 def table_width(rows_h: int, rows_w: int) -> int:
     """Rows of the padded table matrix: rows_h + rows_w rounded up to 8, so that bf16 rows of T and dT (this many
-    columns) are 16-byte aligned, which cuBLAS's fast kernels need (sol076_solution, session 12)."""
+    columns) are 16-byte aligned, which cuBLAS's fast kernels need (sol076_solution, 2026-12-01)."""
     return -(-(rows_h + rows_w) // 8) * 8
 
 
