@@ -114,7 +114,7 @@ LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1}  # relative, vs eager: catches wrong mat
 
 def prior_s(impl: str, batch: int, model: str = "vit-b") -> float:
     """Guessed seconds for a cell before one like it has run (the budget's estimate, and --gpus' share cost).
-    Compiling dominates; session 5 on the H200 host, ViT-B: 45-60 s at batch 1, 90-120 s at batch 4 (fresh
+    Compiling dominates; 2026-11-30 on the H200 host, ViT-B: 45-60 s at batch 1, 90-120 s at batch 4 (fresh
     caches); compiled autograd compiles the backward a second way (guess: 1.3x); ViT-L / ViT-H: scaled by their
     layer count (a guess: the graph grows with the layers)."""
     spec = IMPLS[impl]

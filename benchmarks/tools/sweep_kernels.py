@@ -15,7 +15,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/tools/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
-    a second session. --warm-only --shard i/n compiles first, in parallel processes (below).
+    a second run. --warm-only --shard i/n compiles first, in parallel processes (below).
     Writes sweep_kernels.json to --out (default $OUT or .); a table last.
 """
 
@@ -189,7 +189,7 @@ NARROW_CANDS = {
            for bm, w in ((64, 4), (128, 8)) for bn in (32, 64, 128)] + _SELECT,
 }
 _SELECT16 = [dict(BLOCK_M=64, BLOCK_N=bn, num_warps=4, num_stages=4, RH_SELECT=True) for bn in (32, 64)]
-# fp32: 16-key tiles were not among session 4's candidates
+# fp32: 16-key tiles were not among the 2026-11-30 candidates
 NARROW16 = [(7, 64), (14, 1), (14, 8), (16, 1), (16, 32)]
 NARROW16_CANDS = {
     "fwd": [dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3), dict(BLOCK_M=128, BLOCK_N=16, num_warps=8, num_stages=3)],
@@ -200,10 +200,10 @@ NARROW16_CANDS = {
 NARROW_CANDS_BF16 = {
     "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=4)
             for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
-    # dK/dV's rel_h by selects: not timed in session 9, where selects won 3x in the forward
+    # dK/dV's rel_h by selects: not timed in 2026-12-01, where selects won 3x in the forward
     "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (16, 32, 64)]
     + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bm in (32, 64) for bn in (32, 64)]
-    # the bias copies with queries contiguous on grids <= 16 wide too (session 5 left them off there, measured on
+    # the bias copies with queries contiguous on grids <= 16 wide too (2026-11-30 left them off there, measured on
     # small problems where the copy is launch cost; SAM's windows at batch 4 are not small)
     + [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, RH_SELECT=sel, BIAS_T=True) for sel in (False, True)],
     "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
@@ -212,7 +212,7 @@ NARROW_CANDS_BF16 = {
 
 
 # --fp32-occupancy: fp32 "high" dK/dV and dQ configs that fit more warps per SM on the wide grids. Since the
-# K-major copies (session 4) the shipped dK/dV (32 queries, 4 warps, 4 stages) needs 185 KB of shared memory
+# K-major copies (2026-11-30) the shipped dK/dV (32 queries, 4 warps, 4 stages) needs 185 KB of shared memory
 # and dQ (128 x 32, 8 warps, 3 stages) 208 KB: one CTA per SM, 4 or 8 warps (offline, sm_90a, Triton 3.6).
 # At 2 stages dK/dV needs 104 KB and 174 registers: two CTAs per SM. 128-key dK/dV tiles (two grid rows, selects)
 # at 8 warps, 2 stages: 145 KB, 176 registers, one CTA of two warp groups with 128-row MMAs. dQ stays at one CTA
@@ -225,7 +225,7 @@ OCC_CANDS = {
     "dq": [dict(BLOCK_M=128, num_warps=8, num_stages=2), dict(BLOCK_M=64, num_warps=8, num_stages=2)],
 }
 
-# --fp32-small-steps: after the 2-stage dK/dV (session 10: two CTAs per SM), 16-query dK/dV steps fit more
+# --fp32-small-steps: after the 2-stage dK/dV (2026-12-01: two CTAs per SM), 16-query dK/dV steps fit more
 # (offline, sm_90a, Triton 3.6, 64-wide grid): "high" at 2 stages 152 registers and 70 KB (3 CTAs), at 3
 # stages 157 and 90 KB (2); "highest" (3-pass TF32) at 2 stages 242 registers and 94 KB (2 CTAs, against
 # the shipped 32-query 3-stage 246 and 165 KB: one). fp32 dQ has no config with two CTAs and wgmma (32-query
@@ -250,7 +250,7 @@ MAXNREG_CANDS = {
 
 
 # --dkdv128: bf16 dK/dV with 128-key tiles (two rows of a 64-wide grid, rel_h by selects) and 8 warps, the program an
-# ordered one-pass backward would extend (NOTES, session 14). Uncapped it fits 1 CTA per SM (154-204 registers; best
+# ordered one-pass backward would extend (benchmarks/NOTES.md, 2026-12-01). Uncapped it fits 1 CTA per SM (154-204 registers; best
 # backward 647 us against 591 shipped at SAM-B); capped at 128 registers, 2 CTAs of 8 warps (offline, 8-byte stack)
 DKDV128_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8)]
 DKDV128_CANDS = {"dkdv": [dict(BLOCK_N=128, num_warps=8, BLOCK_M=bm, num_stages=st, RH_SELECT=True, MAXNREG=cap)
