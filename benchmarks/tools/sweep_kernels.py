@@ -200,10 +200,10 @@ NARROW16_CANDS = {
 NARROW_CANDS_BF16 = {
     "fwd": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=4)
             for bm, w in ((64, 4), (128, 8)) for bn in (16, 32, 64)] + _SELECT16,
-    # dK/dV's rel_h by selects: not timed in 2026-12-01, where selects won 3x in the forward
+    # dK/dV's rel_h by selects: not timed when (2026-12-01) selects won 3x in the forward
     "dkdv": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3) for bm in (32, 64) for bn in (16, 32, 64)]
     + [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=3, RH_SELECT=True) for bm in (32, 64) for bn in (32, 64)]
-    # the bias copies with queries contiguous on grids <= 16 wide too (2026-11-30 left them off there, measured on
+    # the bias copies with queries contiguous on grids <= 16 wide too (the 2026-11-30 rows left them off there, measured on
     # small problems where the copy is launch cost; SAM's windows at batch 4 are not small)
     + [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, RH_SELECT=sel, BIAS_T=True) for sel in (False, True)],
     "dq": [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=3)
