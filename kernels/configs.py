@@ -7,7 +7,7 @@ How a config is found (`config()`): every row whose conditions hold updates the 
 so a row lower down refines the rows above it. Conditions a row may name:
     fp32      bool   fp32 inputs (False: fp16 / bf16)
     prec      str    dot precision: "none" (16-bit), "tf32" ("high", "medium"), "tf32x3" ("highest")
-    wide      bool   head dim as the kernels see it (pad()) above 80: 96 = 64 + 32, and 112 and 128 run as 128
+    wide      bool   head dim as the kernels see it (tiles.pad()) above 80: 96 = 64 + 32, and 112 and 128 run as 128
     min_d     int    head dim as the kernels see it at least this (ViT-H's 80 = 64 + 16 runs the rows for 64
                      and the min_d=65 rows below them)
     max_wk    int    key grids at most this wide
@@ -31,10 +31,6 @@ Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (ben
 """
 
 from __future__ import annotations
-
-import os
-
-import triton
 
 # (kernel, conditions, config, the measurement behind it)
 TABLE = [
@@ -131,7 +127,7 @@ TABLE = [
      "the fused launch's stages (rows above)"),
     ("dkdv", dict(fp32=True, max_wk=16, max_rows=8192), dict(num_stages=3),
      "the fused launch's stages (rows above)"),
-    # ---- head dim 80 (ViT-H: 64 + 16, split()): the rows above, refined where a fifth more per tile costs a CTA
+    # ---- head dim 80 (ViT-H: 64 + 16, tiles.split()): the rows above, refined where a fifth more per tile costs a CTA
     # per SM or does not fit 227 KB of shared memory (offline_sm90 for sm_90 at SAM-H's global layer, 16 x 64x64, and
     # windows, 400 x 14x14; not timed on the GPU). Not where a fused launch's warps / stages must agree (wk <= 16)
     ("fwd", dict(fp32=False, min_d=65, min_wk=17), dict(num_stages=3),
@@ -189,7 +185,7 @@ def _holds(cond: dict, facts: dict) -> bool:
 
 def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool,
            d: int = 64) -> dict:
-    """The block config of one kernel for one shape class (see the module docstring); d = pad(head dim)."""
+    """The block config of one kernel for one shape class (see the module docstring); d = tiles.pad(head dim)."""
     facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d)
     cfg: dict = {}
     for name, cond, row, _why in TABLE:
@@ -201,40 +197,3 @@ def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int
                 cfg.update(row)
     cfg.update(OVERRIDES.get(kernel, {}))
     return cfg
-
-
-def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
-    """(WK_PAD, R): key tile = R grid rows of WK_PAD (padded) columns, BLOCK_N = R * WK_PAD >= 16."""
-    wk_pad = triton.next_power_of_2(wk)
-    r = max(1, target_n // wk_pad)
-    r = min(r, triton.next_power_of_2(hk))  # no tiles taller than the grid
-    while r * wk_pad < 16:  # tl.dot needs every dim >= 16
-        r *= 2
-    return wk_pad, r
-
-
-# Head dims between powers of two in two chunks (split below): off until timed on a GPU (correct against float64
-# under the interpreter and compiled for sm_90 in CI); SAMHQ_FX_SPLIT_HEAD_DIM=1 turns it on. Off, such a head
-# dim is padded to the next power of two, as measured (ViT-H's 80 -> 128: 2.0x the head-dim-64 time of its global
-# layer, bf16, on the H200; benchmarks/NOTES.md, kernels).
-SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "") == "1"
-
-
-def split(d: int) -> tuple[int, int]:
-    """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
-    least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
-    second, smaller chunk where that is less than the next power of two (80 = 64 + 16, 96 = 64 + 32,
-    48 = 32 + 16: no dots, registers or shared memory spent on padding); otherwise padded to one chunk
-    (112 -> 128, 24 -> 32)."""
-    full = max(16, triton.next_power_of_2(d))
-    a = full // 2
-    if SPLIT_HEAD_DIM and a >= 16 and d > a:
-        b = max(16, triton.next_power_of_2(d - a))
-        if a + b < full:
-            return a, b
-    return full, 0
-
-
-def pad(d: int) -> int:
-    """Head dim as the kernels see it: D_A + D_B of split(d) (80 stays 80, 112 -> 128), at least 16."""
-    return sum(split(d))
