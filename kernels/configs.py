@@ -3,18 +3,37 @@
 Blocks are fixed per shape class, never autotuned at run time: autotuning picks by timing, and two
 processes that pick differently give different bits (the backward's reduction order follows the blocks).
 
-How a config is found (`config()`): every row whose conditions hold updates the result, in table order,
-so a row lower down refines the rows above it. Conditions a row may name:
+Shape class: the facts `config()` is called with (kernels/rel_pos_attention.py derives them per call).
     fp32      bool   fp32 inputs (False: fp16 / bf16)
     prec      str    dot precision: "none" (16-bit), "tf32" ("high", "medium"), "tf32x3" ("highest")
-    wide      bool   head dim as the kernels see it (tiles.pad()) above 80: 96 = 64 + 32, and 112 and 128 run as 128
-    min_d     int    head dim as the kernels see it at least this (ViT-H's 80 = 64 + 16 runs the rows for 64
-                     and the min_d=65 rows below them)
-    max_wk    int    key grids at most this wide
-    min_wk    int    key grids at least this wide
-    max_rows  int    at most this many query rows in all (batch * heads * queries)
+    wide      bool   head dim as the kernels see it (tiles.pad) above 80: 96 = 64 + 32, and 112 and 128 run as 128
+    d         int    head dim as the kernels see it (the larger of q / k's and v's): 64, 80 (= 64 + 16), 128, ...
+    wk        int    key-grid width in columns, before padding to a power of two
+    rows      int    query rows in all: batch * heads * queries
     interpret bool   Triton's CPU interpreter (tests)
-Then `OVERRIDES` (tests and benchmark sweeps set it; empty in production) updates per kernel.
+
+A row is (kernel, conditions, config, reason). kernel: "fwd", "dkdv", "dq", or "bwd" (how the backward is
+launched). Conditions a row may name:
+    fp32=, prec=, wide=, interpret=           the fact equals this
+    min_d=, max_d=                            d at least / at most this (inclusive)
+    min_wk=, max_wk=                          wk at least / at most this (inclusive)
+    min_rows=, max_rows=                      rows at least / at most this (inclusive)
+
+Selection rules (the only ones; `_applies` and `config()` implement them, `check_table` enforces the keys):
+  1. GPU rows and interpreter rows: a row that names interpret=True is an interpreter row, every other row a
+     GPU row (as if it named interpret=False). Under the interpreter only interpreter rows apply; on the GPU
+     only GPU rows.
+  2. Head dims: a GPU row that does not name `wide` is for head dims up to 80 only (as if it named wide=False);
+     wide head dims take only the rows that name wide=True. Interpreter rows take every head dim.
+  3. A row applies when it is for the kernel asked for and all its conditions (with rules 1 and 2) hold.
+  4. The config starts empty; every row that applies, in table order, sets the keys it names (dict.update):
+     a later row replaces an earlier row's value of the same key and keeps the rest. So a general row comes
+     first and the rows that refine it come below it.
+  5. Last, OVERRIDES[kernel] (tests and benchmark sweeps set it; empty in production) sets its keys over
+     the table's.
+  6. At import, a row with an unknown kernel, an unknown condition key (or a value of the wrong type), or a
+     config key that its kernel does not take is an error naming the row. tests/test_configs.py checks that
+     no row is dead: each one, somewhere it applies, sets a key that no later row replaces.
 
 Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
@@ -169,7 +188,43 @@ TABLE = [
 OVERRIDES: dict[str, dict] = {}
 
 
-def _holds(cond: dict, facts: dict) -> bool:
+KERNELS = ("fwd", "dkdv", "dq", "bwd")
+# condition key -> the type of its value; min_X / max_X bound fact X
+CONDITION_KEYS = dict(fp32=bool, prec=str, wide=bool, interpret=bool, min_d=int, max_d=int, min_wk=int,
+                      max_wk=int, min_rows=int, max_rows=int)
+PRECISIONS = ("none", "tf32", "tf32x3")
+_BLOCKS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "RH_SELECT", "MAXNREG")
+# kernel -> the config keys it takes (see "Keys of a config" above)
+CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS, dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",))
+
+
+def check_table(table: list) -> None:
+    """Raise ValueError naming the first row whose kernel, condition keys or config keys are unknown."""
+    for i, entry in enumerate(table):
+        kernel, cond, cfg, why = entry
+        name = f"configs.TABLE[{i}] ({kernel!r}, {cond!r}, {cfg!r}, {why[:50]!r})"
+        if kernel not in KERNELS:
+            raise ValueError(f"{name}: unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
+        for key, want in cond.items():
+            if key not in CONDITION_KEYS:
+                raise ValueError(f"{name}: unknown condition key {key!r} (known: {', '.join(CONDITION_KEYS)})")
+            typ = CONDITION_KEYS[key]
+            if type(want) is not typ:  # noqa: E721 (bool is an int: exact types)
+                raise ValueError(f"{name}: condition {key}={want!r} is not a {typ.__name__}")
+        if "prec" in cond and cond["prec"] not in PRECISIONS:
+            raise ValueError(f"{name}: unknown prec {cond['prec']!r} (known: {', '.join(PRECISIONS)})")
+        unknown = sorted(set(cfg) - set(CONFIG_KEYS[kernel]))
+        if unknown:
+            raise ValueError(f"{name}: config keys {unknown} are not {kernel!r} keys "
+                             f"(known: {', '.join(CONFIG_KEYS[kernel])})")
+        if not cfg:
+            raise ValueError(f"{name}: sets no config key")
+
+
+def _applies(cond: dict, facts: dict) -> bool:
+    """Selection rules 1-3 of the module docstring for one row's conditions."""
+    if not cond.get("interpret", False):
+        cond = {"interpret": False, "wide": False, **cond}  # a GPU row; without `wide`, head dims up to 80
     for key, want in cond.items():
         got = facts[key.removeprefix("max_").removeprefix("min_")]
         if key.startswith("max_"):
@@ -183,17 +238,22 @@ def _holds(cond: dict, facts: dict) -> bool:
     return True
 
 
+def applying_rows(kernel: str, facts: dict, table: list | None = None) -> list[int]:
+    """Indices of the rows of `table` (TABLE) that apply to `kernel` for `facts`, in table order (rules 1-3)."""
+    table = TABLE if table is None else table
+    return [i for i, (name, cond, _cfg, _why) in enumerate(table) if name == kernel and _applies(cond, facts)]
+
+
 def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool,
            d: int = 64) -> dict:
-    """The block config of one kernel for one shape class (see the module docstring); d = tiles.pad(head dim)."""
+    """The block config of one kernel for one shape class (selection rules in the module docstring);
+    d = tiles.pad(head dim)."""
     facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d)
     cfg: dict = {}
-    for name, cond, row, _why in TABLE:
-        if name == kernel and _holds(cond, facts):
-            # rows without `wide` are for head dims up to 80 (64 + 16) only; rows without `interpret` for the GPU only
-            if wide and "wide" not in cond and not interpret:
-                continue
-            if not interpret or "interpret" in cond:
-                cfg.update(row)
-    cfg.update(OVERRIDES.get(kernel, {}))
+    for i in applying_rows(kernel, facts):  # rule 4
+        cfg.update(TABLE[i][2])
+    cfg.update(OVERRIDES.get(kernel, {}))  # rule 5
     return cfg
+
+
+check_table(TABLE)  # rule 6
