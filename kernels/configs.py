@@ -6,7 +6,7 @@ processes that pick differently give different bits (the backward's reduction or
 Shape class: the facts `config()` is called with (kernels/rel_pos_attention.py derives them per call).
     fp32      bool   fp32 inputs (False: fp16 / bf16)
     prec      str    dot precision: "none" (16-bit), "tf32" ("high", "medium"), "tf32x3" ("highest")
-    wide      bool   head dim as the kernels see it (tiles.pad) above 80: 96 = 64 + 32, and 112 and 128 run as 128
+    wide      bool   head dim as the kernels see it (tiles.pad) above D_WIDE = 80: 96 = 64 + 32; 112, 128 run as 128
     d         int    head dim as the kernels see it (the larger of q / k's and v's): 64, 80 (= 64 + 16), 128, ...
     wk        int    key-grid width in columns, before padding to a power of two
     rows      int    query rows in all: batch * heads * queries
@@ -51,6 +51,24 @@ Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (ben
 
 from __future__ import annotations
 
+# ---- the thresholds in the rows' conditions (the figures behind each are in the rows that use them) ----------
+# Key-grid widths (wk). At the 64-key tile target, a grid wk wide (padded to a power of two) gives
+# R = 64 // pad(wk) grid rows per key tile.
+WK_TINY = 8  # 7x7 windows, padded to 8 (R = 8): fp32 dQ with 64-query blocks and one fused fp32 backward launch pay
+WK_NARROW = 16  # 14x14 windows (SAM's) and 16x16 grids, padded to 16 (R = 4): rel_h by selects in 32-key tiles;
+#                 from 17 up (padded to 32 and more, R <= 2) dK/dV's bias copies pay at every size
+# Query rows in all (rows = batch * heads * queries; the row figures are at 12 heads).
+ROWS_SMALL_FP32 = 8192  # fp32 on grids 9 to 16 wide: up to this many rows one fused backward launch wins (14x14x2,
+#                         4704 rows: 64.0 -> 58.5 us), above it split launches (14x14x8, 18816 rows: 140 vs 145 us)
+ROWS_SMALL_16BIT = 40000  # 16-bit: up to this many rows one fused backward launch wins (56x56x1, 37632 rows: 473 ->
+#                           447 us); above it split launches do (32x32x4, 49152 rows: 234 vs 249 us), and so do
+#                           dK/dV's 32-query steps and, on grids up to 16 wide, its bias copies (7x7x64, 37632 rows:
+#                           38.3 -> 44.9 us, a loss; 16x16x32, 98304 rows: 132.3 -> 126.4)
+# Head dims (d, as the kernels see them).
+D_64 = 64  # d above this but not wide (ViT-H's 80 = 64 + 16) runs the rows for 64 and then the min_d=D_64 + 1 rows,
+#            where a fifth more per tile costs a CTA per SM or does not fit shared memory
+D_WIDE = 80  # d above this (96 = 64 + 32; 112 and 128 run as 128) is `wide`: only the wide=True rows (rule 2)
+
 # (kernel, conditions, config, the measurement behind it)
 TABLE = [
     # ---- fp16 / bf16, head dim <= 64 -----------------------------------------------------------------
@@ -64,51 +82,52 @@ TABLE = [
     # gather, which was most of the forward's time there; two grid rows per tile on 14- and 16-wide grids
     ("fwd", dict(fp32=False), dict(RH_SELECT=True),
      "bf16 fwd us gather -> selects: 7x7x64 22.1 -> 12.8, 28x28x4 151.5 -> 41.0, 32x32x8 381.1 -> 92.2 (session 9)"),
-    ("fwd", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
+    ("fwd", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW), dict(BLOCK_N=32),
      "bf16 fwd us, selects, BLOCK_N 64 -> 32: SAM-B windows 14x14x100 102.7 -> 92.2 (gather at 64: 275.8), "
      "16x16x32 40.7 -> 37.7 (session 9)"),
     ("dq", dict(fp32=False), dict(RH_SELECT=True),
      "bf16 bwd us gather -> selects: 32x32x1 88.9 -> 67.9, 32x32x4 232.8 -> 180.6, 32x32x8 444.8 -> 341.7 (session 9)"),
-    ("dq", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
+    ("dq", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW), dict(BLOCK_N=32),
      "bf16 bwd us gather at 64 -> selects at 32: 14x14x100 465.1 -> 432.1, 16x16x32 154.2 -> 133.7 (session 9)"),
     # dK/dV reads the bias as [keys, queries] tiles, against its memory order: a copy with queries contiguous
     # pays where it is more than launch cost
-    ("dkdv", dict(fp32=False, min_wk=17), dict(BIAS_T=True),
+    ("dkdv", dict(fp32=False, min_wk=WK_NARROW + 1), dict(BIAS_T=True),
      "bf16 bwd with copies 1.27x at 64x64x4, 1.56x at 56x56x1, 1.10x at 32x32x8; 5-7% slower at 14x14 and 16x16x1 "
      "(session 5)"),
-    ("dkdv", dict(fp32=False, min_wk=9, max_wk=16, min_rows=40001), dict(BIAS_T=True),
+    ("dkdv", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(BIAS_T=True),
      "bf16 bwd us without -> with copies: SAM-B windows 14x14x100 414.5 -> 354.8, 16x16x32 132.3 -> 126.4; "
      "7x7x64 38.3 -> 44.9 a loss (session 10)"),
     # big problems (split launches): dK/dV steps over 32 queries at a time
-    ("dkdv", dict(fp32=False, min_wk=17, min_rows=40001), dict(BLOCK_M=32),
+    ("dkdv", dict(fp32=False, min_wk=WK_NARROW + 1, min_rows=ROWS_SMALL_16BIT + 1), dict(BLOCK_M=32),
      "bf16 bwd us dK/dV 64 -> 32 queries: 32x32x4 180.6 -> 167.5, 32x32x8 341.7 -> 318.8, 48x48x2 541.0 -> 488.6, "
      "64x64x4 2307.6 -> 2256.4, SAM-B global 594.9 -> 587.6; a loss where launches are fused (48x48x1 +12%, "
      "session 9)"),
-    ("dkdv", dict(fp32=False, min_wk=9, max_wk=16, min_rows=40001), dict(BLOCK_M=32),
+    ("dkdv", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(BLOCK_M=32),
      "bf16 bwd us, with the bias copies, 64 -> 32 queries: SAM-B windows 14x14x100 354.6 -> 303.6, "
      "16x16x32 126.1 -> 118.8 (session 10)"),
     ("bwd", dict(fp32=False), dict(FUSED=False),
      "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; session 6)"),
     # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and
     # one launch latency goes
-    ("bwd", dict(fp32=False, max_wk=16), dict(FUSED=True),
+    ("bwd", dict(fp32=False, max_wk=WK_NARROW), dict(FUSED=True),
      "bf16 bwd us split -> fused: 7x7x1 14.4 -> 9.3, 14x14x1 26.9 -> 18.3, 16x16x1 24.3 -> 15.3, "
      "16x16x32 166 -> 154, 7x7x64 39.6 = 39.6 (session 6)"),
-    ("bwd", dict(fp32=False, max_rows=40000), dict(FUSED=True),
+    ("bwd", dict(fp32=False, max_rows=ROWS_SMALL_16BIT), dict(FUSED=True),
      "bf16 bwd us split -> fused: 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, "
      "56x56x1 473 -> 447; 32x32x1 84 -> 89 (a loss, session 6)"),
     # ... but on narrow grids with many rows, once the forward and dQ use selects (rows above), split launches
     # with a 4-stage dQ win
-    ("bwd", dict(fp32=False, max_wk=16, min_rows=40001), dict(FUSED=False),
+    ("bwd", dict(fp32=False, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(FUSED=False),
      "bf16 bwd us fused -> split with dQ at 4 stages: SAM-B windows 14x14x100 432.1 -> 412.5, 16x16x32 133.7 -> 132.0 "
      "(session 9)"),
-    ("dq", dict(fp32=False, max_wk=16, min_rows=40001), dict(num_stages=4), "the split launch's dQ (row above)"),
+    ("dq", dict(fp32=False, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=4),
+     "the split launch's dQ (row above)"),
     # ---- fp32 (TF32 dots), head dim <= 64, with the K-major operand copies ----------------------------
     # key tiles of one grid row on grids >= 32 wide (BLOCK_N 32): two rows per tile cost 3.4x in the
     # forward (365 vs 106 us at 32x32x4) and 1.4x in dQ, because of the rel_h gather (session 4)
     ("fwd", dict(fp32=True), dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, RH_SELECT=True),
      "fp32 high 48x48x2 fwd 262 us vs 293 at 128 x 64 / 8 warps; selects 1.87x at 32x32x8 (session 4)"),
-    ("fwd", dict(fp32=True, max_wk=16), dict(BLOCK_N=16),
+    ("fwd", dict(fp32=True, max_wk=WK_NARROW), dict(BLOCK_N=16),
      "fp32 high fwd us BLOCK_N 32 -> 16: 7x7x64 39.7 -> 32.0, 14x14x8 46.0 -> 33.3, 16x16x32 115.6 -> 108.6, "
      "14x14x1 19.9 -> 18.3; 16x16x1 17.0 -> 18.3 a loss (session 9)"),
     ("dkdv", dict(fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
@@ -119,10 +138,11 @@ TABLE = [
      "fp32 high bwd us split vs fused (dQ 64 x 64 / 4 warps): 14x14x8 140 vs 145, 16x16x32 527 vs 570, "
      "64x64x4 6673 vs 8127 (session 6)"),
     # key grids at most 8 wide (7x7 windows): dQ with 64-query blocks
-    ("dq", dict(fp32=True, max_wk=8), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    ("dq", dict(fp32=True, max_wk=WK_TINY), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "fp32 high 7x7x64 bwd 145 vs 170 us (session 4 narrow sweep)"),
     # 14- and 16-wide grids: one grid row per dQ key tile
-    ("dq", dict(fp32=True, min_wk=9, max_wk=16), dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3),
+    ("dq", dict(fp32=True, min_wk=WK_TINY + 1, max_wk=WK_NARROW),
+     dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3),
      "fp32 high bwd us (dQ 128 x 32 / 8 warps -> 64 x 16 / 4): 14x14x8 141.7 -> 126.0, 16x16x32 528.5 -> 467.7 "
      "(session 9; 'highest' not timed)"),
     # 1-pass TF32: dK/dV at 2 stages fits two CTAs per SM (occupancy beats pipelining depth: one CTA of 4
@@ -136,28 +156,29 @@ TABLE = [
      "fp32 high (session 2 sweep)"),
     # small fp32 problems: one launch, dK/dV's 4 warps / 3 stages for both kinds of program and dQ's blocks
     # as on 7x7 grids (after the TF32 rows, whose stages these override)
-    ("bwd", dict(fp32=True, max_wk=8), dict(FUSED=True),
+    ("bwd", dict(fp32=True, max_wk=WK_TINY), dict(FUSED=True),
      "fp32 high bwd us split -> fused: 7x7x1 22.5 -> 14.6, 7x7x64 92.8 -> 84.4 (session 6)"),
-    ("bwd", dict(fp32=True, max_wk=16, max_rows=8192), dict(FUSED=True),
+    ("bwd", dict(fp32=True, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32), dict(FUSED=True),
      "fp32 high bwd us split -> fused: 14x14x1 60.3 -> 40.4, 14x14x2 64.0 -> 58.5, 16x16x1 62.1 -> 39.2 (session 6)"),
-    ("dq", dict(fp32=True, max_wk=16, max_rows=8192), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    ("dq", dict(fp32=True, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
+     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "the fused launch's dQ blocks (rows above)"),
-    ("dkdv", dict(fp32=True, max_wk=8), dict(num_stages=3),
+    ("dkdv", dict(fp32=True, max_wk=WK_TINY), dict(num_stages=3),
      "the fused launch's stages (rows above)"),
-    ("dkdv", dict(fp32=True, max_wk=16, max_rows=8192), dict(num_stages=3),
+    ("dkdv", dict(fp32=True, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32), dict(num_stages=3),
      "the fused launch's stages (rows above)"),
     # ---- head dim 80 (ViT-H: 64 + 16, tiles.split()): the rows above, refined where a fifth more per tile costs a CTA
     # per SM or does not fit 227 KB of shared memory (offline_sm90 for sm_90 at SAM-H's global layer, 16 x 64x64, and
     # windows, 400 x 14x14; not timed on the GPU). Not where a fused launch's warps / stages must agree (wk <= 16)
-    ("fwd", dict(fp32=False, min_d=65, min_wk=17), dict(num_stages=3),
+    ("fwd", dict(fp32=False, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=3),
      "bf16 D=80 global: 3 CTAs per SM (166 registers, 70 KB) as D=64 has at 4 stages; 4 stages: 2 (90 KB)"),
-    ("fwd", dict(fp32=True, min_d=65), dict(num_stages=2),
+    ("fwd", dict(fp32=True, min_d=D_64 + 1), dict(num_stages=2),
      "fp32 D=80 global: 2 CTAs per SM (249 registers, 100 KB) as D=64 has at 3 stages; 3 stages: 1 (140 KB)"),
-    ("dq", dict(fp32=True, min_d=65, min_wk=17), dict(num_stages=2),
+    ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=2),
      "fp32 'high' D=80 global: 200 KB, 1 CTA per SM as D=64 has at 3 stages; 3 stages: 260 KB, over 227"),
-    ("dq", dict(prec="tf32x3", min_d=65, min_wk=17), dict(BLOCK_M=64, num_warps=4),
+    ("dq", dict(prec="tf32x3", min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(BLOCK_M=64, num_warps=4),
      "fp32 'highest' D=80 global: 172 KB, 1 CTA per SM; 128 queries / 8 warps at 2 stages: 252 KB, over 227"),
-    ("dkdv", dict(fp32=True, min_d=65), dict(BLOCK_M=16),
+    ("dkdv", dict(fp32=True, min_d=D_64 + 1), dict(BLOCK_M=16),
      "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM as D=64 has at 32 (global 84 KB, windows 88 KB); "
      "32: 1 CTA (128 KB, 136 KB)"),
     # ---- head dim above 80 (96 = 64 + 32; 112 and 128 run as 128) ------------------------------------
@@ -167,7 +188,8 @@ TABLE = [
      "validated on the H200 for D=80 (session 2)"),
     ("dkdv", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "validated on the H200 for D=80 (session 2)"),
-    ("dkdv", dict(wide=True, fp32=False, min_wk=17), dict(BIAS_T=True), "as for head dims <= 64 (session 5)"),
+    ("dkdv", dict(wide=True, fp32=False, min_wk=WK_NARROW + 1), dict(BIAS_T=True),
+     "as for head dims <= 64 (session 5)"),
     ("dq", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
      "validated on the H200 for D=80 (session 2)"),
     ("fwd", dict(wide=True, fp32=True), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, RH_SELECT=False),

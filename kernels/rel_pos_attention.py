@@ -95,8 +95,8 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
     d_pad / dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80). 80 runs the
     head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
     d = max(d_pad, dv_pad)
-    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > 80, d=d, wk=wk, rows=rows,
-                          interpret=_INTERPRET)
+    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk,
+                          rows=rows, interpret=_INTERPRET)
 
 
 _tile, _pad = tiles.tile, tiles.pad
