@@ -116,12 +116,11 @@ TABLE = [
      "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; 2f3af39, 2026-12-01)"),
     # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and
     # one launch latency goes
-    ("bwd", dict(fp32=False, max_wk=WK_NARROW), dict(FUSED=True),
-     "bf16 bwd us split -> fused: 7x7x1 14.4 -> 9.3, 14x14x1 26.9 -> 18.3, 16x16x1 24.3 -> 15.3, "
-     "16x16x32 166 -> 154, 7x7x64 39.6 = 39.6 (2f3af39, 2026-12-01)"),
     ("bwd", dict(fp32=False, max_rows=ROWS_SMALL_16BIT), dict(FUSED=True),
-     "bf16 bwd us split -> fused: 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, "
-     "56x56x1 473 -> 447; 32x32x1 84 -> 89 (a loss; 2f3af39, 2026-12-01)"),
+     "bf16 bwd us split -> fused: 7x7x1 14.4 -> 9.3, 14x14x1 26.9 -> 18.3, 16x16x1 24.3 -> 15.3, "
+     "7x7x64 39.6 = 39.6, 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, 56x56x1 473 -> 447; "
+     "32x32x1 84 -> 89 (a loss); 16x16x32 166 -> 154 before the selects, split since (row below; "
+     "2f3af39, 2026-12-01)"),
     # ... but on narrow grids with many rows, once the forward and dQ use selects (rows above), split launches
     # with a 4-stage dQ win
     ("bwd", dict(fp32=False, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(FUSED=False),
