@@ -13,7 +13,8 @@ Shape class: the facts `config()` is called with (kernels/rel_pos_attention.py d
     interpret bool   Triton's CPU interpreter (tests)
 
 A row is (kernel, conditions, config, reason). kernel: "fwd", "dkdv", "dq", or "bwd" (how the backward is
-launched). Conditions a row may name:
+launched). Conditions a row may name (thresholds are the named constants above the table: WK_TINY,
+WK_NARROW, ROWS_SMALL_FP32, ROWS_SMALL_16BIT, D_64, D_WIDE):
     fp32=, prec=, wide=, interpret=           the fact equals this
     min_d=, max_d=                            d at least / at most this (inclusive)
     min_wk=, max_wk=                          wk at least / at most this (inclusive)
@@ -28,13 +29,14 @@ Selection rules (the only ones; `_applies` and `config()` implement them, `check
   3. A row applies when it is for the kernel asked for and all its conditions (with rules 1 and 2) hold.
   4. The config starts empty; every row that applies, in table order, sets the keys it names (dict.update):
      a later row replaces an earlier row's value of the same key and keeps the rest. So a general row comes
-     first and the rows that refine it come below it.
+     first and the rows that refine it come below it. A key no row sets is off: RH_SELECT, BIAS_T and FUSED
+     read as False (so with no "bwd" row, as for wide head dims, the backward runs split).
   5. Last, OVERRIDES[kernel] (tests and benchmark sweeps set it; empty in production) sets its keys over
      the table's.
   6. At import, a row with an unknown kernel, an unknown condition key (or a value of the wrong type), a
      config key that its kernel does not take, or a reason that does not end with its commit and date is an
-     error naming the row. tests/test_configs.py checks that
-     no row is dead: each one, somewhere it applies, sets a key that no later row replaces.
+     error naming the row. tests/test_configs.py checks that no row is dead: each one, somewhere it applies,
+     sets a key that no later row replaces.
 
 Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
