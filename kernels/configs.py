@@ -3,18 +3,40 @@
 Blocks are fixed per shape class, never autotuned at run time: autotuning picks by timing, and two
 processes that pick differently give different bits (the backward's reduction order follows the blocks).
 
-How a config is found (`config()`): every row whose conditions hold updates the result, in table order,
-so a row lower down refines the rows above it. Conditions a row may name:
+Shape class: the facts `config()` is called with (kernels/rel_pos_attention.py derives them per call).
     fp32      bool   fp32 inputs (False: fp16 / bf16)
     prec      str    dot precision: "none" (16-bit), "tf32" ("high", "medium"), "tf32x3" ("highest")
-    wide      bool   head dim as the kernels see it (pad()) above 80: 96 = 64 + 32, and 112 and 128 run as 128
-    min_d     int    head dim as the kernels see it at least this (ViT-H's 80 = 64 + 16 runs the rows for 64
-                     and the min_d=65 rows below them)
-    max_wk    int    key grids at most this wide
-    min_wk    int    key grids at least this wide
-    max_rows  int    at most this many query rows in all (batch * heads * queries)
+    wide      bool   head dim as the kernels see it (tiles.pad) above D_WIDE = 80: 96 = 64 + 32; 112, 128 run as 128
+    d         int    head dim as the kernels see it (the larger of q / k's and v's): 64, 80 (= 64 + 16), 128, ...
+    wk        int    key-grid width in columns, before padding to a power of two
+    rows      int    query rows in all: batch * heads * queries
     interpret bool   Triton's CPU interpreter (tests)
-Then `OVERRIDES` (tests and benchmark sweeps set it; empty in production) updates per kernel.
+
+A row is (kernel, conditions, config, reason). kernel: "fwd", "dkdv", "dq", or "bwd" (how the backward is
+launched). Conditions a row may name (thresholds are the named constants above the table: WK_TINY,
+WK_NARROW, ROWS_SMALL_FP32, ROWS_SMALL_16BIT, D_64, D_WIDE):
+    fp32=, prec=, wide=, interpret=           the fact equals this
+    min_d=, max_d=                            d at least / at most this (inclusive)
+    min_wk=, max_wk=                          wk at least / at most this (inclusive)
+    min_rows=, max_rows=                      rows at least / at most this (inclusive)
+
+Selection rules (the only ones; `_applies` and `config()` implement them, `check_table` enforces the keys):
+  1. GPU rows and interpreter rows: a row that names interpret=True is an interpreter row, every other row a
+     GPU row (as if it named interpret=False). Under the interpreter only interpreter rows apply; on the GPU
+     only GPU rows.
+  2. Head dims: a GPU row that does not name `wide` is for head dims up to 80 only (as if it named wide=False);
+     wide head dims take only the rows that name wide=True. Interpreter rows take every head dim.
+  3. A row applies when it is for the kernel asked for and all its conditions (with rules 1 and 2) hold.
+  4. The config starts empty; every row that applies, in table order, sets the keys it names (dict.update):
+     a later row replaces an earlier row's value of the same key and keeps the rest. So a general row comes
+     first and the rows that refine it come below it. A key no row sets is off: RH_SELECT, BIAS_T and FUSED
+     read as False (so with no "bwd" row, as for wide head dims, the backward runs split).
+  5. Last, OVERRIDES[kernel] (tests and benchmark sweeps set it; empty in production) sets its keys over
+     the table's.
+  6. At import, a row with an unknown kernel, an unknown condition key (or a value of the wrong type), a
+     config key that its kernel does not take, or a reason that does not end with its commit and date is an
+     error naming the row. tests/test_configs.py checks that no row is dead: each one, somewhere it applies,
+     sets a key that no later row replaces.
 
 Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
@@ -22,7 +44,7 @@ loads + selects instead of a tile gather, R > 1 only), and for dK/dV with 16-bit
 rel_w copied with queries contiguous before the launch; fp32 gets them anyway, with its K-major copies).
 MAXNREG (a register cap for ptxas, so one more CTA fits per SM) is honoured by direct launches only (Inductor's
 codegen of a triton_op's kernels drops it); no row sets it: capped dK/dV / dQ / forward configs with one more CTA
-per SM were within -3% .. +20% of the rows below (session 12, benchmarks/NOTES.md).
+per SM were within -3% .. +20% of the rows below (a25fc6f, 2026-12-01; benchmarks/NOTES.md).
 The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in one launch, each computing
 delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
 num_warps and num_stages.
@@ -32,148 +54,221 @@ Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (ben
 
 from __future__ import annotations
 
-import os
+import re
 
-import triton
+# ---- the thresholds in the rows' conditions (the figures behind each are in the rows that use them) ----------
+# Key-grid widths (wk). At the 64-key tile target, a grid wk wide (padded to a power of two) gives
+# R = 64 // pad(wk) grid rows per key tile.
+WK_TINY = 8  # 7x7 windows, padded to 8 (R = 8): fp32 dQ with 64-query blocks and one fused fp32 backward launch pay
+WK_NARROW = 16  # 14x14 windows (SAM's) and 16x16 grids, padded to 16 (R = 4): rel_h by selects in 32-key tiles;
+#                 from 17 up (padded to 32 and more, R <= 2) dK/dV's bias copies pay at every size
+# Query rows in all (rows = batch * heads * queries; the row figures are at 12 heads).
+ROWS_SMALL_FP32 = 8192  # fp32 on grids 9 to 16 wide: up to this many rows one fused backward launch wins (14x14x2,
+#                         4704 rows: 64.0 -> 58.5 us), above it split launches (14x14x8, 18816 rows: 140 vs 145 us)
+ROWS_SMALL_16BIT = 40000  # 16-bit: up to this many rows one fused backward launch wins (56x56x1, 37632 rows: 473 ->
+#                           447 us); above it split launches do (32x32x4, 49152 rows: 234 vs 249 us), and so do
+#                           dK/dV's 32-query steps and, on grids up to 16 wide, its bias copies (7x7x64, 37632 rows:
+#                           38.3 -> 44.9 us, a loss; 16x16x32, 98304 rows: 132.3 -> 126.4)
+# Head dims (d, as the kernels see them).
+D_64 = 64  # d above this but not wide (ViT-H's 80 = 64 + 16) runs the rows for 64 and then the min_d=D_64 + 1 rows,
+#            where a fifth more per tile costs a CTA per SM or does not fit shared memory
+D_WIDE = 80  # d above this (96 = 64 + 32; 112 and 128 run as 128) is `wide`: only the wide=True rows (rule 2)
 
-# (kernel, conditions, config, the measurement behind it)
+# (kernel, conditions, config, reason: the measurement behind the row, ending with the commit that brought it in
+# and its date; rows from before kernels/configs.py existed name the commit of their first config)
 TABLE = [
     # ---- fp16 / bf16, head dim <= 64 -----------------------------------------------------------------
     ("fwd", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
-     "bf16 SAM-B global fwd 0.153 ms vs 0.19 at 128 x 64 / 8 warps (session 2)"),
+     "bf16 SAM-B global fwd 0.153 ms vs 0.19 at 128 x 64 / 8 warps (f89039c, 2026-11-29)"),
     ("dkdv", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-     "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
+     "bf16 SAM-B global: best of 4 configs in a sweep (f89039c, 2026-11-29)"),
     ("dq", dict(fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-     "bf16 SAM-B global: best of 4 configs (session 2 sweep)"),
+     "bf16 SAM-B global: best of 4 configs in a sweep (f89039c, 2026-11-29)"),
     # narrow grids (R > 1 grid rows per key tile): rel_h by R column loads and selects, not a per-element
     # gather, which was most of the forward's time there; two grid rows per tile on 14- and 16-wide grids
     ("fwd", dict(fp32=False), dict(RH_SELECT=True),
-     "bf16 fwd us gather -> selects: 7x7x64 22.1 -> 12.8, 28x28x4 151.5 -> 41.0, 32x32x8 381.1 -> 92.2 (session 9)"),
-    ("fwd", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
+     "bf16 fwd us gather -> selects: 7x7x64 22.1 -> 12.8, 28x28x4 151.5 -> 41.0, "
+     "32x32x8 381.1 -> 92.2 (de8db43, 2026-12-01)"),
+    ("fwd", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW), dict(BLOCK_N=32),
      "bf16 fwd us, selects, BLOCK_N 64 -> 32: SAM-B windows 14x14x100 102.7 -> 92.2 (gather at 64: 275.8), "
-     "16x16x32 40.7 -> 37.7 (session 9)"),
+     "16x16x32 40.7 -> 37.7 (de8db43, 2026-12-01)"),
     ("dq", dict(fp32=False), dict(RH_SELECT=True),
-     "bf16 bwd us gather -> selects: 32x32x1 88.9 -> 67.9, 32x32x4 232.8 -> 180.6, 32x32x8 444.8 -> 341.7 (session 9)"),
-    ("dq", dict(fp32=False, min_wk=9, max_wk=16), dict(BLOCK_N=32),
-     "bf16 bwd us gather at 64 -> selects at 32: 14x14x100 465.1 -> 432.1, 16x16x32 154.2 -> 133.7 (session 9)"),
+     "bf16 bwd us gather -> selects: 32x32x1 88.9 -> 67.9, 32x32x4 232.8 -> 180.6, "
+     "32x32x8 444.8 -> 341.7 (de8db43, 2026-12-01)"),
+    ("dq", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW), dict(BLOCK_N=32),
+     "bf16 bwd us gather at 64 -> selects at 32: 14x14x100 465.1 -> 432.1, "
+     "16x16x32 154.2 -> 133.7 (de8db43, 2026-12-01)"),
     # dK/dV reads the bias as [keys, queries] tiles, against its memory order: a copy with queries contiguous
     # pays where it is more than launch cost
-    ("dkdv", dict(fp32=False, min_wk=17), dict(BIAS_T=True),
+    ("dkdv", dict(fp32=False, min_wk=WK_NARROW + 1), dict(BIAS_T=True),
      "bf16 bwd with copies 1.27x at 64x64x4, 1.56x at 56x56x1, 1.10x at 32x32x8; 5-7% slower at 14x14 and 16x16x1 "
-     "(session 5)"),
-    ("dkdv", dict(fp32=False, min_wk=9, max_wk=16, min_rows=40001), dict(BIAS_T=True),
+     "(44f614e, 2026-11-30)"),
+    ("dkdv", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(BIAS_T=True),
      "bf16 bwd us without -> with copies: SAM-B windows 14x14x100 414.5 -> 354.8, 16x16x32 132.3 -> 126.4; "
-     "7x7x64 38.3 -> 44.9 a loss (session 10)"),
+     "7x7x64 38.3 -> 44.9 a loss (00913f8, 2026-12-01)"),
     # big problems (split launches): dK/dV steps over 32 queries at a time
-    ("dkdv", dict(fp32=False, min_wk=17, min_rows=40001), dict(BLOCK_M=32),
+    ("dkdv", dict(fp32=False, min_wk=WK_NARROW + 1, min_rows=ROWS_SMALL_16BIT + 1), dict(BLOCK_M=32),
      "bf16 bwd us dK/dV 64 -> 32 queries: 32x32x4 180.6 -> 167.5, 32x32x8 341.7 -> 318.8, 48x48x2 541.0 -> 488.6, "
-     "64x64x4 2307.6 -> 2256.4, SAM-B global 594.9 -> 587.6; a loss where launches are fused (48x48x1 +12%, "
-     "session 9)"),
-    ("dkdv", dict(fp32=False, min_wk=9, max_wk=16, min_rows=40001), dict(BLOCK_M=32),
+     "64x64x4 2307.6 -> 2256.4, SAM-B global 594.9 -> 587.6; a loss where launches are fused (48x48x1 +12%; "
+     "de8db43, 2026-12-01)"),
+    ("dkdv", dict(fp32=False, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(BLOCK_M=32),
      "bf16 bwd us, with the bias copies, 64 -> 32 queries: SAM-B windows 14x14x100 354.6 -> 303.6, "
-     "16x16x32 126.1 -> 118.8 (session 10)"),
+     "16x16x32 126.1 -> 118.8 (00913f8, 2026-12-01)"),
     ("bwd", dict(fp32=False), dict(FUSED=False),
-     "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; session 6)"),
+     "split wins from 64x64x4 (2308 vs 2565 us), 32x32x4 (234 vs 249), 32x32x8 (446 vs 468; 2f3af39, 2026-12-01)"),
     # one launch where the split launches leave the chip idle: dK/dV and dQ programs run side by side and
     # one launch latency goes
-    ("bwd", dict(fp32=False, max_wk=16), dict(FUSED=True),
+    ("bwd", dict(fp32=False, max_rows=ROWS_SMALL_16BIT), dict(FUSED=True),
      "bf16 bwd us split -> fused: 7x7x1 14.4 -> 9.3, 14x14x1 26.9 -> 18.3, 16x16x1 24.3 -> 15.3, "
-     "16x16x32 166 -> 154, 7x7x64 39.6 = 39.6 (session 6)"),
-    ("bwd", dict(fp32=False, max_rows=40000), dict(FUSED=True),
-     "bf16 bwd us split -> fused: 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, "
-     "56x56x1 473 -> 447; 32x32x1 84 -> 89 (a loss, session 6)"),
+     "7x7x64 39.6 = 39.6, 28x28x4 177 -> 167, 32x32x2 156 -> 132, 48x48x1 313 -> 290, 56x56x1 473 -> 447; "
+     "32x32x1 84 -> 89 (a loss); 16x16x32 166 -> 154 before the selects, split since (row below; "
+     "2f3af39, 2026-12-01)"),
     # ... but on narrow grids with many rows, once the forward and dQ use selects (rows above), split launches
     # with a 4-stage dQ win
-    ("bwd", dict(fp32=False, max_wk=16, min_rows=40001), dict(FUSED=False),
+    ("bwd", dict(fp32=False, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(FUSED=False),
      "bf16 bwd us fused -> split with dQ at 4 stages: SAM-B windows 14x14x100 432.1 -> 412.5, 16x16x32 133.7 -> 132.0 "
-     "(session 9)"),
-    ("dq", dict(fp32=False, max_wk=16, min_rows=40001), dict(num_stages=4), "the split launch's dQ (row above)"),
+     "(de8db43, 2026-12-01)"),
+    ("dq", dict(fp32=False, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=4),
+     "no figure of its own: the split launch's dQ (row above; de8db43, 2026-12-01)"),
     # ---- fp32 (TF32 dots), head dim <= 64, with the K-major operand copies ----------------------------
     # key tiles of one grid row on grids >= 32 wide (BLOCK_N 32): two rows per tile cost 3.4x in the
-    # forward (365 vs 106 us at 32x32x4) and 1.4x in dQ, because of the rel_h gather (session 4)
+    # forward (365 vs 106 us at 32x32x4) and 1.4x in dQ, because of the rel_h gather (78b6907)
     ("fwd", dict(fp32=True), dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, RH_SELECT=True),
-     "fp32 high 48x48x2 fwd 262 us vs 293 at 128 x 64 / 8 warps; selects 1.87x at 32x32x8 (session 4)"),
-    ("fwd", dict(fp32=True, max_wk=16), dict(BLOCK_N=16),
+     "fp32 high 48x48x2 fwd 262 us vs 293 at 128 x 64 / 8 warps; selects 1.87x at 32x32x8 (78b6907, 2026-11-30)"),
+    ("fwd", dict(fp32=True, max_wk=WK_NARROW), dict(BLOCK_N=16),
      "fp32 high fwd us BLOCK_N 32 -> 16: 7x7x64 39.7 -> 32.0, 14x14x8 46.0 -> 33.3, 16x16x32 115.6 -> 108.6, "
-     "14x14x1 19.9 -> 18.3; 16x16x1 17.0 -> 18.3 a loss (session 9)"),
+     "14x14x1 19.9 -> 18.3; 16x16x1 17.0 -> 18.3 a loss (de8db43, 2026-12-01)"),
     ("dkdv", dict(fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
-     "fp32 high SAM-B global bwd 2.12 vs 2.36 ms with 64-query steps (session 2)"),
+     "fp32 high SAM-B global bwd 2.12 vs 2.36 ms with 64-query steps (f89039c, 2026-11-29)"),
     ("dq", dict(fp32=True), dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
-     "fp32 high 32x32x4 bwd 570 us vs 573-815 (session 4 narrow sweep)"),
+     "fp32 high 32x32x4 bwd 570 us vs 573-815 (narrow sweep; 78b6907, 2026-11-30)"),
     ("bwd", dict(fp32=True), dict(FUSED=False),
      "fp32 high bwd us split vs fused (dQ 64 x 64 / 4 warps): 14x14x8 140 vs 145, 16x16x32 527 vs 570, "
-     "64x64x4 6673 vs 8127 (session 6)"),
+     "64x64x4 6673 vs 8127 (2f3af39, 2026-12-01)"),
     # key grids at most 8 wide (7x7 windows): dQ with 64-query blocks
-    ("dq", dict(fp32=True, max_wk=8), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-     "fp32 high 7x7x64 bwd 145 vs 170 us (session 4 narrow sweep)"),
+    ("dq", dict(fp32=True, max_wk=WK_TINY), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "fp32 high 7x7x64 bwd 145 vs 170 us (narrow sweep; 78b6907, 2026-11-30)"),
     # 14- and 16-wide grids: one grid row per dQ key tile
-    ("dq", dict(fp32=True, min_wk=9, max_wk=16), dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3),
+    ("dq", dict(fp32=True, min_wk=WK_TINY + 1, max_wk=WK_NARROW),
+     dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=3),
      "fp32 high bwd us (dQ 128 x 32 / 8 warps -> 64 x 16 / 4): 14x14x8 141.7 -> 126.0, 16x16x32 528.5 -> 467.7 "
-     "(session 9; 'highest' not timed)"),
+     "('highest' not timed; de8db43, 2026-12-01)"),
     # 1-pass TF32: dK/dV at 2 stages fits two CTAs per SM (occupancy beats pipelining depth: one CTA of 4
     # warps leaves a scheduler one warp); dQ has the shared memory for 3 stages (3-pass "highest" does not:
     # 256 KB for its dQ at 3 stages on 64-wide grids, 227 KB available)
     ("dkdv", dict(prec="tf32"), dict(num_stages=2),
      "fp32 high bwd us 4 -> 2 stages: SAM-B global 1693.9 -> 1386.1, 64x64x4 6721 -> 5424, 56x56x1 1365 -> 1103, "
      "48x48x2 1513 -> 1320, 32x32x8 1104 -> 937: 107 KB of shared memory, 2 CTAs per SM instead of one "
-     "(ncu: dK/dV 1.56 -> 1.07 ms, achieved occupancy 6.25 -> 12.3%; session 10)"),
+     "(ncu: dK/dV 1.56 -> 1.07 ms, achieved occupancy 6.25 -> 12.3%; b4f3953, 2026-12-01)"),
     ("dq", dict(prec="tf32"), dict(num_stages=3),
-     "fp32 high (session 2 sweep)"),
+     "fp32 high: 3 dQ stages fit beside 1-pass TF32 "
+     "(3-pass 'highest' keeps 2: 256 KB, comment above; 78b6907, 2026-11-30)"),
     # small fp32 problems: one launch, dK/dV's 4 warps / 3 stages for both kinds of program and dQ's blocks
     # as on 7x7 grids (after the TF32 rows, whose stages these override)
-    ("bwd", dict(fp32=True, max_wk=8), dict(FUSED=True),
-     "fp32 high bwd us split -> fused: 7x7x1 22.5 -> 14.6, 7x7x64 92.8 -> 84.4 (session 6)"),
-    ("bwd", dict(fp32=True, max_wk=16, max_rows=8192), dict(FUSED=True),
-     "fp32 high bwd us split -> fused: 14x14x1 60.3 -> 40.4, 14x14x2 64.0 -> 58.5, 16x16x1 62.1 -> 39.2 (session 6)"),
-    ("dq", dict(fp32=True, max_wk=16, max_rows=8192), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-     "the fused launch's dQ blocks (rows above)"),
-    ("dkdv", dict(fp32=True, max_wk=8), dict(num_stages=3),
-     "the fused launch's stages (rows above)"),
-    ("dkdv", dict(fp32=True, max_wk=16, max_rows=8192), dict(num_stages=3),
-     "the fused launch's stages (rows above)"),
-    # ---- head dim 80 (ViT-H: 64 + 16, split()): the rows above, refined where a fifth more per tile costs a CTA
+    ("bwd", dict(fp32=True, max_wk=WK_TINY), dict(FUSED=True),
+     "fp32 high bwd us split -> fused: 7x7x1 22.5 -> 14.6, 7x7x64 92.8 -> 84.4 (2f3af39, 2026-12-01)"),
+    ("bwd", dict(fp32=True, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32), dict(FUSED=True),
+     "fp32 high bwd us split -> fused: 14x14x1 60.3 -> 40.4, 14x14x2 64.0 -> 58.5, "
+     "16x16x1 62.1 -> 39.2 (2f3af39, 2026-12-01)"),
+    ("dq", dict(fp32=True, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
+     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+     "no figure of its own: the fused launch's dQ blocks (rows above; 2f3af39, 2026-12-01)"),
+    ("dkdv", dict(fp32=True, max_wk=WK_TINY), dict(num_stages=3),
+     "no figure of its own: the fused launch's stages (rows above; 2f3af39, 2026-12-01)"),
+    ("dkdv", dict(fp32=True, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32), dict(num_stages=3),
+     "no figure of its own: the fused launch's stages (rows above; 2f3af39, 2026-12-01)"),
+    # ---- head dim 80 (ViT-H: 64 + 16, tiles.split()): the rows above, refined where a fifth more per tile costs a CTA
     # per SM or does not fit 227 KB of shared memory (offline_sm90 for sm_90 at SAM-H's global layer, 16 x 64x64, and
     # windows, 400 x 14x14; not timed on the GPU). Not where a fused launch's warps / stages must agree (wk <= 16)
-    ("fwd", dict(fp32=False, min_d=65, min_wk=17), dict(num_stages=3),
-     "bf16 D=80 global: 3 CTAs per SM (166 registers, 70 KB) as D=64 has at 4 stages; 4 stages: 2 (90 KB)"),
-    ("fwd", dict(fp32=True, min_d=65), dict(num_stages=2),
-     "fp32 D=80 global: 2 CTAs per SM (249 registers, 100 KB) as D=64 has at 3 stages; 3 stages: 1 (140 KB)"),
-    ("dq", dict(fp32=True, min_d=65, min_wk=17), dict(num_stages=2),
-     "fp32 'high' D=80 global: 200 KB, 1 CTA per SM as D=64 has at 3 stages; 3 stages: 260 KB, over 227"),
-    ("dq", dict(prec="tf32x3", min_d=65, min_wk=17), dict(BLOCK_M=64, num_warps=4),
-     "fp32 'highest' D=80 global: 172 KB, 1 CTA per SM; 128 queries / 8 warps at 2 stages: 252 KB, over 227"),
-    ("dkdv", dict(fp32=True, min_d=65), dict(BLOCK_M=16),
+    ("fwd", dict(fp32=False, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=3),
+     "bf16 D=80 global: 3 CTAs per SM (166 registers, 70 KB) as D=64 has at 4 stages; "
+     "4 stages: 2 (90 KB) (6a846b9, 2026-12-01)"),
+    ("fwd", dict(fp32=True, min_d=D_64 + 1), dict(num_stages=2),
+     "fp32 D=80 global: 2 CTAs per SM (249 registers, 100 KB) as D=64 has at 3 stages; "
+     "3 stages: 1 (140 KB) (6a846b9, 2026-12-01)"),
+    ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=2),
+     "fp32 'high' D=80 global: 200 KB, 1 CTA per SM as D=64 has at 3 stages; 3 stages: 260 KB, "
+     "over 227 (6a846b9, 2026-12-01)"),
+    ("dq", dict(prec="tf32x3", min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(BLOCK_M=64, num_warps=4),
+     "fp32 'highest' D=80 global: 172 KB, 1 CTA per SM; 128 queries / 8 warps at 2 stages: 252 KB, "
+     "over 227 (6a846b9, 2026-12-01)"),
+    ("dkdv", dict(fp32=True, min_d=D_64 + 1), dict(BLOCK_M=16),
      "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM as D=64 has at 32 (global 84 KB, windows 88 KB); "
-     "32: 1 CTA (128 KB, 136 KB)"),
+     "32: 1 CTA (128 KB, 136 KB; 6a846b9, 2026-12-01)"),
     # ---- head dim above 80 (96 = 64 + 32; 112 and 128 run as 128) ------------------------------------
     # replaces the rows above; fp32 tiles twice as wide must fit 227 KB of shared memory (the fp32 D=80
     # forward padded to 128 at 128 x 64 x 3 stages would want 320 KB)
     ("fwd", dict(wide=True, fp32=False), dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, RH_SELECT=False),
-     "validated on the H200 for D=80 (session 2)"),
+     "validated on the H200 for D=80 (f89039c, 2026-11-29)"),
     ("dkdv", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-     "validated on the H200 for D=80 (session 2)"),
-    ("dkdv", dict(wide=True, fp32=False, min_wk=17), dict(BIAS_T=True), "as for head dims <= 64 (session 5)"),
+     "validated on the H200 for D=80 (f89039c, 2026-11-29)"),
+    ("dkdv", dict(wide=True, fp32=False, min_wk=WK_NARROW + 1), dict(BIAS_T=True),
+     "as for head dims <= 64 (the min_wk row above: 1.27x at 64x64x4, D=64; 44f614e, 2026-11-30)"),
     ("dq", dict(wide=True, fp32=False), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-     "validated on the H200 for D=80 (session 2)"),
+     "validated on the H200 for D=80 (f89039c, 2026-11-29)"),
     ("fwd", dict(wide=True, fp32=True), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, RH_SELECT=False),
-     "fits sm_90 shared memory for D=80 fp32 (session 2)"),
+     "fits sm_90 shared memory for D=80 fp32 (f89039c, 2026-11-29)"),
     ("dkdv", dict(wide=True, fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
-     "fits sm_90 shared memory for D=80 fp32 (session 2)"),
+     "fits sm_90 shared memory for D=80 fp32 (f89039c, 2026-11-29)"),
     ("dq", dict(wide=True, fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
-     "fits sm_90 shared memory for D=80 fp32 (session 2)"),
+     "fits sm_90 shared memory for D=80 fp32 (f89039c, 2026-11-29)"),
     # ---- the CPU interpreter: small blocks, so a tiny test shape crosses several query blocks and key
     # tiles with partial ones at both ends (not measured: correctness only)
-    ("fwd", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False), "tests"),
-    ("dkdv", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1), "tests"),
-    ("dq", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False), "tests"),
-    ("bwd", dict(interpret=True), dict(FUSED=False), "tests"),
+    ("fwd", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False),
+     "tests: small blocks, correctness only, not timed (f89039c, 2026-11-29)"),
+    ("dkdv", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1),
+     "tests: small blocks, correctness only, not timed (f89039c, 2026-11-29)"),
+    ("dq", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False),
+     "tests: small blocks, correctness only, not timed (f89039c, 2026-11-29)"),
+    ("bwd", dict(interpret=True), dict(FUSED=False),
+     "tests: small blocks, correctness only, not timed (f89039c, 2026-11-29)"),
 ]
 
 # kernel -> config keys that replace the table's result (tests, benchmark sweeps); empty in production
 OVERRIDES: dict[str, dict] = {}
 
 
-def _holds(cond: dict, facts: dict) -> bool:
+KERNELS = ("fwd", "dkdv", "dq", "bwd")
+# condition key -> the type of its value; min_X / max_X bound fact X
+CONDITION_KEYS = dict(fp32=bool, prec=str, wide=bool, interpret=bool, min_d=int, max_d=int, min_wk=int,
+                      max_wk=int, min_rows=int, max_rows=int)
+PRECISIONS = ("none", "tf32", "tf32x3")
+_BLOCKS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "RH_SELECT", "MAXNREG")
+# kernel -> the config keys it takes (see "Keys of a config" above)
+CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS, dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",))
+# how a row's reason ends: "(..., commit, date)" or "(...; commit, date)"
+_PROVENANCE = re.compile(r"[(;] ?[0-9a-f]{7,40}, \d{4}-\d{2}-\d{2}\)$")
+
+
+def check_table(table: list) -> None:
+    """Raise ValueError naming the first row whose kernel, condition keys or config keys are unknown."""
+    for i, entry in enumerate(table):
+        kernel, cond, cfg, why = entry
+        name = f"configs.TABLE[{i}] ({kernel!r}, {cond!r}, {cfg!r}, {why[:50]!r})"
+        if kernel not in KERNELS:
+            raise ValueError(f"{name}: unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
+        for key, want in cond.items():
+            if key not in CONDITION_KEYS:
+                raise ValueError(f"{name}: unknown condition key {key!r} (known: {', '.join(CONDITION_KEYS)})")
+            typ = CONDITION_KEYS[key]
+            if type(want) is not typ:  # noqa: E721 (bool is an int: exact types)
+                raise ValueError(f"{name}: condition {key}={want!r} is not a {typ.__name__}")
+        if "prec" in cond and cond["prec"] not in PRECISIONS:
+            raise ValueError(f"{name}: unknown prec {cond['prec']!r} (known: {', '.join(PRECISIONS)})")
+        unknown = sorted(set(cfg) - set(CONFIG_KEYS[kernel]))
+        if unknown:
+            raise ValueError(f"{name}: config keys {unknown} are not {kernel!r} keys "
+                             f"(known: {', '.join(CONFIG_KEYS[kernel])})")
+        if not cfg:
+            raise ValueError(f"{name}: sets no config key")
+        if not isinstance(why, str) or not _PROVENANCE.search(why):
+            raise ValueError(f"{name}: the reason does not end with its commit and date, '(abc1234, YYYY-MM-DD)'")
+
+
+def _applies(cond: dict, facts: dict) -> bool:
+    """Selection rules 1-3 of the module docstring for one row's conditions."""
+    if not cond.get("interpret", False):
+        cond = {"interpret": False, "wide": False, **cond}  # a GPU row; without `wide`, head dims up to 80
     for key, want in cond.items():
         got = facts[key.removeprefix("max_").removeprefix("min_")]
         if key.startswith("max_"):
@@ -187,54 +282,22 @@ def _holds(cond: dict, facts: dict) -> bool:
     return True
 
 
+def applying_rows(kernel: str, facts: dict, table: list | None = None) -> list[int]:
+    """Indices of the rows of `table` (TABLE) that apply to `kernel` for `facts`, in table order (rules 1-3)."""
+    table = TABLE if table is None else table
+    return [i for i, (name, cond, _cfg, _why) in enumerate(table) if name == kernel and _applies(cond, facts)]
+
+
 def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool,
            d: int = 64) -> dict:
-    """The block config of one kernel for one shape class (see the module docstring); d = pad(head dim)."""
+    """The block config of one kernel for one shape class (selection rules in the module docstring);
+    d = tiles.pad(head dim)."""
     facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d)
     cfg: dict = {}
-    for name, cond, row, _why in TABLE:
-        if name == kernel and _holds(cond, facts):
-            # rows without `wide` are for head dims up to 80 (64 + 16) only; rows without `interpret` for the GPU only
-            if wide and "wide" not in cond and not interpret:
-                continue
-            if not interpret or "interpret" in cond:
-                cfg.update(row)
-    cfg.update(OVERRIDES.get(kernel, {}))
+    for i in applying_rows(kernel, facts):  # rule 4
+        cfg.update(TABLE[i][2])
+    cfg.update(OVERRIDES.get(kernel, {}))  # rule 5
     return cfg
 
 
-def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
-    """(WK_PAD, R): key tile = R grid rows of WK_PAD (padded) columns, BLOCK_N = R * WK_PAD >= 16."""
-    wk_pad = triton.next_power_of_2(wk)
-    r = max(1, target_n // wk_pad)
-    r = min(r, triton.next_power_of_2(hk))  # no tiles taller than the grid
-    while r * wk_pad < 16:  # tl.dot needs every dim >= 16
-        r *= 2
-    return wk_pad, r
-
-
-# Head dims between powers of two in two chunks (split below): off until timed on a GPU (correct against float64
-# under the interpreter and compiled for sm_90 in CI); SAMHQ_FX_SPLIT_HEAD_DIM=1 turns it on. Off, such a head
-# dim is padded to the next power of two, as measured (ViT-H's 80 -> 128: 2.0x the head-dim-64 time of its global
-# layer, bf16, on the H200; benchmarks/NOTES.md, kernels).
-SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "") == "1"
-
-
-def split(d: int) -> tuple[int, int]:
-    """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
-    least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
-    second, smaller chunk where that is less than the next power of two (80 = 64 + 16, 96 = 64 + 32,
-    48 = 32 + 16: no dots, registers or shared memory spent on padding); otherwise padded to one chunk
-    (112 -> 128, 24 -> 32)."""
-    full = max(16, triton.next_power_of_2(d))
-    a = full // 2
-    if SPLIT_HEAD_DIM and a >= 16 and d > a:
-        b = max(16, triton.next_power_of_2(d - a))
-        if a + b < full:
-            return a, b
-    return full, 0
-
-
-def pad(d: int) -> int:
-    """Head dim as the kernels see it: D_A + D_B of split(d) (80 stays 80, 112 -> 128), at least 16."""
-    return sum(split(d))
+check_table(TABLE)  # rule 6

@@ -27,7 +27,7 @@ def _fwd_kernel(
 ):
     # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
     # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
-    # Head dims in power-of-two chunks (configs.split): d in [0, D_A) and, where D_B > 0, [D_A, D_A + D_B);
+    # Head dims in power-of-two chunks (tiles.split): d in [0, D_A) and, where D_B > 0, [D_A, D_A + D_B);
     # likewise DV_A, DV_B. D_B == 0 / DV_B == 0 compiles the second chunk out.
     # KMAJOR (fp32 operands): P @ V reads V from vT, whose keys are contiguous (see _keys_kmajor)
     BLOCK_N: tl.constexpr = R * WK_PAD

@@ -40,7 +40,7 @@ bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA i
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
 the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, 2026-11-30).
 
-Head dims: each of D and DV is one power-of-two chunk or two (configs.split: 80 = 64 + 16, 96 = 64 + 32), each
+Head dims: each of D and DV is one power-of-two chunk or two (tiles.split: 80 = 64 + 16, 96 = 64 + 32), each
 dot over a head dim one dot per chunk and each head-dim accumulator one per chunk, so ViT-H's 80 costs 80
 columns of work, registers and shared memory, not 128.
 
@@ -60,7 +60,7 @@ import os
 import torch
 import triton
 
-from . import configs
+from . import configs, tiles
 from .backward import _bwd_kernel
 from .forward import _fwd_kernel
 
@@ -92,7 +92,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int) -> dict:
     """Block config of one kernel for this shape class (the table in configs.py); rows = batch * queries,
-    d_pad / dv_pad the head dims as the kernels see them (configs.pad: 80 = 64 + 16 stays 80). 80 runs the
+    d_pad / dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80). 80 runs the
     head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
     d = max(d_pad, dv_pad)
     key = (kernel, dtype, prec, d, wk, rows)
@@ -101,8 +101,8 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
     except TypeError:  # a symbolic size (traced with dynamic shapes) does not hash: no cache
         hit = key = None
     if hit is None or hit[0] is not configs.TABLE or hit[1] is not configs.OVERRIDES:
-        cfg = configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > 80, d=d, wk=wk, rows=rows,
-                             interpret=_INTERPRET)
+        cfg = configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk,
+                             rows=rows, interpret=_INTERPRET)
         if key is not None:
             if len(_CONFIGS) > 4096:
                 _CONFIGS.clear()
@@ -118,12 +118,12 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
 _CONFIGS: dict[tuple, tuple] = {}
 
 
-_tile, _pad = configs.tile, configs.pad
+_tile, _pad = tiles.tile, tiles.pad
 
 
 def _chunks(d: int, dv: int) -> dict:
-    """The kernels' head-dim constexprs: D and DV each as one or two power-of-two chunks (configs.split)."""
-    (d_a, d_b), (dv_a, dv_b) = configs.split(d), configs.split(dv)
+    """The kernels' head-dim constexprs: D and DV each as one or two power-of-two chunks (tiles.split)."""
+    (d_a, d_b), (dv_a, dv_b) = tiles.split(d), tiles.split(dv)
     return dict(D_A=d_a, D_B=d_b, DV_A=dv_a, DV_B=dv_b)
 
 

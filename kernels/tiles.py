@@ -1,4 +1,7 @@
-"""Jitted building blocks shared by the forward and backward kernels: dots, masks, bias tiles.
+"""Tile geometry and the jitted building blocks shared by the forward and backward kernels: dots, masks, bias tiles.
+
+Host side (plain functions): key tiles as whole grid rows (`tile`), head dims as one or two power-of-two
+chunks (`split`, `pad`, behind the SPLIT_HEAD_DIM switch). Device side: the @triton.jit pieces below them.
 
 Scores live in the log2 domain (exp2 is one MUFU instruction; exp is exp2 plus a multiply), so every
 bias read here is scaled by log2(e) on load. See rel_pos_attention.py for the tile scheme these serve.
@@ -18,6 +21,51 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # same as a bf16 MMA with fp32 accumulation.
 _INTERPRET_WIDEN_BF16 = tl.constexpr(_INTERPRET)
 
+
+# ----------------------------------------------------------------------------------------------
+# Host side: tile geometry
+# ----------------------------------------------------------------------------------------------
+
+def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
+    """(WK_PAD, R): key tile = R grid rows of WK_PAD (padded) columns, BLOCK_N = R * WK_PAD >= 16."""
+    wk_pad = triton.next_power_of_2(wk)
+    r = max(1, target_n // wk_pad)
+    r = min(r, triton.next_power_of_2(hk))  # no tiles taller than the grid
+    while r * wk_pad < 16:  # tl.dot needs every dim >= 16
+        r *= 2
+    return wk_pad, r
+
+
+# Head dims between powers of two in two chunks (split below): off until timed on a GPU (correct against float64
+# under the interpreter and compiled for sm_90 in CI); SAMHQ_FX_SPLIT_HEAD_DIM=1 turns it on. Off, such a head
+# dim is padded to the next power of two, as measured (ViT-H's 80 -> 128: 2.0x the head-dim-64 time of its global
+# layer, bf16, on the H200; benchmarks/NOTES.md, kernels).
+SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "") == "1"
+
+
+def split(d: int) -> tuple[int, int]:
+    """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
+    least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
+    second, smaller chunk where that is less than the next power of two (80 = 64 + 16, 96 = 64 + 32,
+    48 = 32 + 16: no dots, registers or shared memory spent on padding); otherwise padded to one chunk
+    (112 -> 128, 24 -> 32)."""
+    full = max(16, triton.next_power_of_2(d))
+    a = full // 2
+    if SPLIT_HEAD_DIM and a >= 16 and d > a:
+        b = max(16, triton.next_power_of_2(d - a))
+        if a + b < full:
+            return a, b
+    return full, 0
+
+
+def pad(d: int) -> int:
+    """Head dim as the kernels see it: D_A + D_B of split(d) (80 stays 80, 112 -> 128), at least 16."""
+    return sum(split(d))
+
+
+# ----------------------------------------------------------------------------------------------
+# Device side: jitted pieces
+# ----------------------------------------------------------------------------------------------
 
 @triton.jit
 def _dot(a, b, acc, PREC: tl.constexpr):

@@ -33,10 +33,10 @@ _PKG = Path(__file__).resolve().parent
 def kernel_switches() -> str:
     """The kernels' import-time switches that change what a traced triton_op computes with (cache key)."""
     try:
-        from .kernels import configs
+        from .kernels import tiles
     except ImportError:  # no triton: no kernels
         return "none"
-    return f"split_head_dim={configs.SPLIT_HEAD_DIM}"
+    return f"split_head_dim={tiles.SPLIT_HEAD_DIM}"
 
 
 def _source_files() -> tuple[str, ...]:

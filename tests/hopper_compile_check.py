@@ -81,10 +81,10 @@ def main():
              (torch.bfloat16, "highest", 64, 80), (torch.float32, "highest", 64, 80)]
     for dtype, prec, grid, d in cases:
         for split in (False, True) if d & (d - 1) else (False,):  # head dims padded and in two chunks
-            K.configs.SPLIT_HEAD_DIM = split
+            K.tiles.SPLIT_HEAD_DIM = split
             n = compile_case(dtype, prec, grid, d)
             print(f"ok {dtype} {prec} grid={grid} d={d} split={split}: {n} kernels", flush=True)
-    K.configs.SPLIT_HEAD_DIM = False
+    K.tiles.SPLIT_HEAD_DIM = False
     # sweep options, so they must compile too: rel_h by selects in dK/dV and dQ (the forward has it by
     # default) at 7x7, and one fused backward launch, bf16 at 64x64 with 128-key dK/dV tiles (R = 2)
     K.configs.OVERRIDES = {"dq": dict(RH_SELECT=True), "dkdv": dict(RH_SELECT=True)}

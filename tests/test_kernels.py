@@ -144,24 +144,24 @@ def test_small_shapes(b, hk, wk, d, mode, matmul_precision):
 
 @pytest.fixture
 def split_head_dim(monkeypatch):
-    # head dims in two chunks are off by default (configs.SPLIT_HEAD_DIM) until timed on a GPU; these tests turn
+    # head dims in two chunks are off by default (tiles.SPLIT_HEAD_DIM) until timed on a GPU; these tests turn
     # them on
-    monkeypatch.setattr(K.configs, "SPLIT_HEAD_DIM", True)
+    monkeypatch.setattr(K.tiles, "SPLIT_HEAD_DIM", True)
 
 
 def test_head_dim_chunks_off_by_default_pad(monkeypatch):
-    monkeypatch.setattr(K.configs, "SPLIT_HEAD_DIM", False)
-    assert [K.configs.split(d) for d in (80, 48, 64)] == [(128, 0), (64, 0), (64, 0)]
-    assert [K.configs.pad(d) for d in (80, 96, 112)] == [128, 128, 128]
+    monkeypatch.setattr(K.tiles, "SPLIT_HEAD_DIM", False)
+    assert [K.tiles.split(d) for d in (80, 48, 64)] == [(128, 0), (64, 0), (64, 0)]
+    assert [K.tiles.pad(d) for d in (80, 96, 112)] == [128, 128, 128]
 
 
 def test_head_dim_chunks(split_head_dim):
     # head dims between powers of two run as two power-of-two chunks where that saves work over padding
-    split = K.configs.split
+    split = K.tiles.split
     assert [split(d) for d in (16, 32, 64, 128)] == [(16, 0), (32, 0), (64, 0), (128, 0)]
     assert [split(d) for d in (80, 72, 96, 48, 40)] == [(64, 16), (64, 16), (64, 32), (32, 16), (32, 16)]
     assert [split(d) for d in (1, 24, 100, 112)] == [(16, 0), (32, 0), (128, 0), (128, 0)]  # padded
-    assert [K.configs.pad(d) for d in (80, 96, 112)] == [80, 96, 128]
+    assert [K.tiles.pad(d) for d in (80, 96, 112)] == [80, 96, 128]
 
 
 # (batch, grid hk x wk, head dim, value dim, mode): head dims as two chunks (80 = 64 + 16, 48 = 32 + 16,
@@ -189,7 +189,7 @@ def test_split_head_dims(b, hk, wk, d, dv, mode, monkeypatch, matmul_precision, 
     run_and_check(*make_inputs(b, hk * wk, hk, wk, d, dv, dtype, seed=d + dv + wk), tol)
     assert len(launches) == 3  # forward, dQ, dK/dV
     for kw in launches:
-        assert (kw["D_A"], kw["D_B"], kw["DV_A"], kw["DV_B"]) == (*K.configs.split(d), *K.configs.split(dv))
+        assert (kw["D_A"], kw["D_B"], kw["DV_A"], kw["DV_B"]) == (*K.tiles.split(d), *K.tiles.split(dv))
 
 
 class _Record:
@@ -380,7 +380,7 @@ def test_gpu_sam_shapes(b, grid, d, mode, matmul_precision):
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=d + grid), tol)
 
 
-# head dims as two chunks (configs.split) at SAM's layers and on a mid-size grid, with q / k and v dims apart
+# head dims as two chunks (tiles.split) at SAM's layers and on a mid-size grid, with q / k and v dims apart
 SPLIT_GPU = [(16, 64, 80, 80), (400, 14, 80, 80), (12, 32, 48, 48), (12, 32, 96, 96), (12, 32, 80, 64),
              (24, 14, 64, 80), (12, 48, 72, 40)]
 

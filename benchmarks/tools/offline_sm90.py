@@ -8,7 +8,7 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; benchma
     python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
-(HK, WK, WK_PAD, D / DV with their chunks D_A, D_B, DV_A, DV_B as configs.split gives them, R / R_KV / R_Q, BLOCK_M
+(HK, WK, WK_PAD, D / DV with their chunks D_A, D_B, DV_A, DV_B as tiles.split gives them, R / R_KV / R_Q, BLOCK_M
 / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means TF32 dots, "PREC": "tf32x3" for "highest").
 Registers and shared memory have matched ncu on the H200 every time they were compared (2026-11-30 and 2026-12-01). What
 this cannot show is time: it reads the schedule, not the clock.
