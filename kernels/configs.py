@@ -195,6 +195,13 @@ TABLE = [
     ("dkdv", dict(fp32=True, min_d=D_64 + 1), dict(BLOCK_M=16),
      "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM as D=64 has at 32 (global 84 KB, windows 88 KB); "
      "32: 1 CTA (128 KB, 136 KB; 6a846b9, 2026-12-01)"),
+    # the one fp32 launch on 9- to 16-wide grids holds dQ's 64 x 64 tiles and dK/dV's at once: 253 KB at 3 stages
+    # ('high'; 264 KB 'highest'), over the 227 KB a CTA may have (OutOfResources on the H200 at 24 x 14x14)
+    ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
+     dict(num_stages=2),
+     "fp32 D=80 fused backward at 14x14, 2 stages: 177 KB ('high'), 188 KB ('highest'); not timed (f6b9dbe, 2026-12-02)"),
+    ("dkdv", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
+     dict(num_stages=2), "no figure of its own: the fused launch's stages (row above; f6b9dbe, 2026-12-02)"),
     # ---- head dim above 80 (96 = 64 + 32; 112 and 128 run as 128) ------------------------------------
     # replaces the rows above; fp32 tiles twice as wide must fit 227 KB of shared memory (the fp32 D=80
     # forward padded to 128 at 128 x 64 x 3 stages would want 320 KB)

@@ -45,3 +45,17 @@ def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["ctas_per_sm"] >= 2, report
+
+
+def test_every_head_dim_80_launch_fits_shared_memory():
+    # f6b9dbe: the one fp32 backward launch at 24 x 14x14, head dim 80 in chunks, asked for 253 KB of shared memory
+    # (227 KB is a CTA's most) and failed at launch on the H200; this compiles every launch configs.py picks at SAM's
+    # shape classes for sm_90 and fails on any that is over
+    pytest.importorskip("triton.backends.nvidia")
+    tool = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "offline_sm90.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SAMHQ_FX_SPLIT_HEAD_DIM"] = "1"
+    proc = subprocess.run([sys.executable, str(tool), "--table", "80"], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") == 45, proc.stdout  # 3 modes x 6 shapes x (forward + 1 or 2 backward launches)

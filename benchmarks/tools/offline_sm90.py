@@ -6,6 +6,11 @@ for none (the softmax / MMA overlap that Triton's tl kernels never have; benchma
     python benchmarks/tools/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'
     python benchmarks/tools/offline_sm90.py fwd bf16 - '{"D": 80, "DV": 80, "D_B": 16, "DV_B": 16}'
     python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 8, "R_KV": 2, "RH_SELECT_KV": true, "maxnreg": 128}'
+    SAMHQ_FX_SPLIT_HEAD_DIM=1 python benchmarks/tools/offline_sm90.py --table 80
+
+--table D: every launch the host code makes (forward and backward, configs from kernels/configs.py) at SAM's shape
+classes with head dim D, in bf16, TF32 and 3-pass TF32, compiled for sm_90; a line each, and an error naming the
+shape and kernel where shared memory is over the 227 KB a CTA may have (such a config fails at launch on the GPU).
 
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
 (HK, WK, WK_PAD, D / DV with their chunks D_A, D_B, DV_A, DV_B as tiles.split gives them, R / R_KV / R_Q, BLOCK_M
@@ -22,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -36,6 +42,7 @@ except ImportError:  # not installed: the repo's kernels/ directory
 
 TARGET = GPUTarget("cuda", 90, 32)
 SM_REGS, SM_SHARED, SM_WARPS, CTA_RESERVED = 65536, 233472, 64, 1024  # H100 / H200 per-SM limits, bytes
+CTA_SHARED_MAX = 232448  # the most one CTA may ask for (Triton's OutOfResources limit on the H200)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 # strides Inductor passes as constants (== 1), as the kernels are specialized in practice
@@ -111,8 +118,71 @@ def report(compiled, num_warps: int) -> dict:
                 exps_between_waits=exps_between_waits(compiled.asm["cubin"]))
 
 
+# SAM's attention shapes as (batch * heads, key grid): ViT-H's global layer at batch 1 and 2, its 14x14 windows
+# (25 windows x 16 heads), and the small-batch classes where configs.py picks one fused backward launch
+TABLE_SHAPES = [(16, 64), (32, 64), (400, 14), (24, 14), (12, 14), (64, 7)]
+TABLE_MODES = [("bf16", "high"), ("fp32", "high"), ("fp32", "highest")]
+
+
+def launches(dtype: str, precision: str, b: int, grid: int, d: int) -> list[tuple[str, str, dict]]:
+    """(kernel, part, constexprs and launch options) of every launch forward() and backward() make for one shape,
+    recorded on meta tensors (nothing runs)."""
+    import torch
+
+    try:
+        from samhq_fx.kernels import rel_pos_attention as K
+    except ImportError:
+        from kernels import rel_pos_attention as K
+    made = []
+
+    class Recorder:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid_):
+            kernel = "bwd" if self.fn is kb._bwd_kernel else "fwd"
+            return lambda *args, **kw: made.append((kernel, kw.get("PART", "-"), kw))
+
+    t = torch.bfloat16 if dtype == "bf16" else torch.float32
+    n = grid * grid
+    q, k, v = (torch.empty(b, n, d, dtype=t, device="meta") for _ in range(3))
+    rel = torch.empty(b, n, grid, dtype=t, device="meta")
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        with mock.patch.object(torch.library, "wrap_triton", Recorder):
+            out, lse = K.forward(q, k, v, rel, rel, 0.125)
+            K.backward(out, q, k, v, rel, rel, out, lse, 0.125)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    return made
+
+
+def check_table(d: int) -> int:
+    """Compile every launch of TABLE_SHAPES x TABLE_MODES at head dim d; the number over CTA_SHARED_MAX."""
+    seen, over = {}, 0
+    for dtype, precision in TABLE_MODES:
+        for b, grid in TABLE_SHAPES:
+            for kernel, part, kw in launches(dtype, precision, b, grid, d):
+                key = (kernel, dtype, part, json.dumps(kw, sort_keys=True))
+                if key not in seen:
+                    seen[key] = report(*compile_tl(kernel, dtype, part, kw))
+                r = seen[key]
+                bad = r["shared"] > CTA_SHARED_MAX
+                over += bad
+                print(f"{'OVER ' if bad else 'ok   '}{dtype:4s} {precision:7s} {b:4d} x {grid}x{grid} d={d} {kernel}/{part:4s} "
+                      f"shared {r['shared'] // 1024:3d} KB regs {r['registers']:3d} ctas/SM {r['ctas_per_sm']} "
+                      f"warps {kw['num_warps']} stages {kw['num_stages']}", flush=True)
+    return over
+
+
 def main(argv=None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--table"]:
+        over = check_table(int(args[1]) if len(args) > 1 else 80)
+        if over:
+            raise SystemExit(f"{over} launches ask for more than {CTA_SHARED_MAX} bytes of shared memory")
+        return
     if len(args) < 3:
         raise SystemExit(__doc__)
     kernel, dtype, part = args[:3]
