@@ -36,25 +36,25 @@ def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
     return wk_pad, r
 
 
-# Head dims between powers of two in two chunks (split below): off until timed on a GPU (correct against float64
-# under the interpreter and compiled for sm_90 in CI); SAMHQ_FX_SPLIT_HEAD_DIM=1 turns it on. Off, such a head
-# dim is padded to the next power of two, as measured (ViT-H's 80 -> 128: 2.0x the head-dim-64 time of its global
-# layer, bf16, on the H200; benchmarks/NOTES.md, kernels).
-SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "") == "1"
+# Head dims between powers of two run in two chunks (split below): ViT-H's global layer, 16 heads x 64x64, head dim
+# 80, bf16 forward + backward 1.159 ms chunked (64 + 16) against 2.041 ms padded to 128, 1.15x head dim 64's 1.008 ms
+# (H200, f6b9dbe, 2026-12-02; benchmarks/NOTES.md, kernels). SAMHQ_FX_SPLIT_HEAD_DIM=0 pads instead.
+SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "1") != "0"
 
 
 def split(d: int) -> tuple[int, int]:
     """(D_A, D_B): the head dim as the kernels see it, two power-of-two chunks (D_B = 0: one chunk), each at
-    least 16 (tl.dot's minimum). A head dim between powers of two runs as its largest power of two plus a
-    second, smaller chunk where that is less than the next power of two (80 = 64 + 16, 96 = 64 + 32,
-    48 = 32 + 16: no dots, registers or shared memory spent on padding); otherwise padded to one chunk
-    (112 -> 128, 24 -> 32)."""
+    least 16 (tl.dot's minimum). A head dim that is a power of two plus a smaller one runs as those two chunks
+    (80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16: no dots, registers or shared memory spent on padding); any other
+    is padded to one chunk (72 -> 128, 40 -> 64, 112 -> 128, 24 -> 32).
+
+    Only whole chunks: with a second chunk partly past the head dim (72 as 64 + 16, 40 as 32 + 16), the bf16
+    forward's output was wrong on the H200 (triton 3.6; q / k dim 72 and v dim 40 at 12 x 48x48: output error 2.8
+    against float64, lse right; fp32 right), cause not found (f6b9dbe, 2026-12-02; benchmarks/NOTES.md, kernels)."""
     full = max(16, triton.next_power_of_2(d))
-    a = full // 2
-    if SPLIT_HEAD_DIM and a >= 16 and d > a:
-        b = max(16, triton.next_power_of_2(d - a))
-        if a + b < full:
-            return a, b
+    a, b = full // 2, d - full // 2
+    if SPLIT_HEAD_DIM and 16 <= b < a and b & (b - 1) == 0:
+        return a, b
     return full, 0
 
 

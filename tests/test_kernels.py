@@ -149,18 +149,18 @@ def split_head_dim(monkeypatch):
     monkeypatch.setattr(K.tiles, "SPLIT_HEAD_DIM", True)
 
 
-def test_head_dim_chunks_off_by_default_pad(monkeypatch):
+def test_head_dim_chunks_switched_off_pad(monkeypatch):
     monkeypatch.setattr(K.tiles, "SPLIT_HEAD_DIM", False)
     assert [K.tiles.split(d) for d in (80, 48, 64)] == [(128, 0), (64, 0), (64, 0)]
     assert [K.tiles.pad(d) for d in (80, 96, 112)] == [128, 128, 128]
 
 
 def test_head_dim_chunks(split_head_dim):
-    # head dims between powers of two run as two power-of-two chunks where that saves work over padding
+    # head dims that are a power of two plus a smaller one run as those two chunks; the rest are padded
     split = K.tiles.split
     assert [split(d) for d in (16, 32, 64, 128)] == [(16, 0), (32, 0), (64, 0), (128, 0)]
-    assert [split(d) for d in (80, 72, 96, 48, 40)] == [(64, 16), (64, 16), (64, 32), (32, 16), (32, 16)]
-    assert [split(d) for d in (1, 24, 100, 112)] == [(16, 0), (32, 0), (128, 0), (128, 0)]  # padded
+    assert [split(d) for d in (80, 96, 48)] == [(64, 16), (64, 32), (32, 16)]
+    assert [split(d) for d in (1, 24, 40, 72, 100, 112)] == [(16, 0), (32, 0), (64, 0), (128, 0), (128, 0), (128, 0)]
     assert [K.tiles.pad(d) for d in (80, 96, 112)] == [80, 96, 128]
 
 
