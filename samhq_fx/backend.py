@@ -37,13 +37,10 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
-    samhq.rel_einsum   bool, default False  re-emit the einsum that makes each fused rel-pos term as a product
-                                            and a sum (patterns/rel_einsum.py): one Inductor reduction in the
-                                            fused op's layout instead of a GEMM and a copy (SAMHQ_FX_REL_EINSUM=1)
     samhq.static_launch bool, default False Inductor launches the fused op's kernels (triton_op registration)
                                             with its static CUDA launcher (SAMHQ_FX_STATIC_LAUNCH=1)
-    The last two are off until timed on a GPU: both are correct on CPU and compiled for sm_90, and predicted
-    to cut host time in default mode (benchmarks/NOTES.md, host path).
+    Off until timed alone on a GPU: correct on CPU and compiled for sm_90, predicted to cut host time in
+    default mode (benchmarks/NOTES.md, host path).
 All other keys are Inductor config options, passed through unchanged; one that contradicts the mode's own
 setting (e.g. "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override.
 """
@@ -60,7 +57,7 @@ from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
                  "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True,
-                 "samhq.rel_einsum": False, "samhq.static_launch": False}
+                 "samhq.static_launch": False}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -84,10 +81,9 @@ def _env_defaults() -> dict[str, Any]:
     host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
     if host_indices is not None:
         env["samhq.host_indices"] = host_indices
-    for key, name in (("samhq.rel_einsum", "SAMHQ_FX_REL_EINSUM"), ("samhq.static_launch", "SAMHQ_FX_STATIC_LAUNCH")):
-        switch = _env_switch(name)
-        if switch is not None:
-            env[key] = switch
+    static_launch = _env_switch("SAMHQ_FX_STATIC_LAUNCH")
+    if static_launch is not None:
+        env["samhq.static_launch"] = static_launch
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
@@ -194,8 +190,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         if patches.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
         triton_op = resolve_triton_op(ours["samhq.triton_op"], patches)
-        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op,
-                                      rel_einsum=bool(ours["samhq.rel_einsum"]))
+        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op)
         for module in graphs:  # activation-checkpoint regions and other HOP bodies included
             rewrite(module.graph)
             module.recompile()

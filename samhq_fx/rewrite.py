@@ -21,7 +21,6 @@ from torch.fx import Graph, Node
 
 from . import op  # registers torch.ops.samhq.*
 from .patterns.fx_utils import is_static, shape, value
-from .patterns.rel_einsum import einsum_source, expand_order, reduction_of
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
 
@@ -120,41 +119,9 @@ def _zeros_along(em: _Emitter, like: Node, size: int) -> Node:
     return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), -1, -1, size))
 
 
-def _einsum_as_reduction(graph: Graph, term: RelTerm, fake_mode) -> bool:
-    """Re-emit the einsum that makes `term` as a product and a sum (patterns/rel_einsum.py says why): the
-    term then comes out in the fused op's layout, with no copy and no GEMM. False if it has another form."""
-    src = einsum_source(term.node)
-    red = reduction_of(src) if src is not None else None
-    if red is None:
-        return False
-    em = _Emitter(graph, src, fake_mode)
-    full = red.out_labels + red.summed
-    dtype = value(src).dtype
-    acc = torch.promote_types(torch.promote_types(value(red.a).dtype, value(red.b).dtype), torch.float32)
-    factors = []
-    for node, labels in ((red.a, red.a_labels), (red.b, red.b_labels)):
-        perm, missing = expand_order(labels, full)
-        x = em.method("permute", node, *perm) if perm != sorted(perm) else node
-        for pos in missing:
-            x = em.method("unsqueeze", x, pos)
-        factors.append(em.method("to", x, acc))
-    prod = em.function(operator.mul, *factors)
-    out = em.method("to", em.method("sum", prod, -1), dtype)
-    src.replace_all_uses_with(out)
-    graph.erase_node(src)
-    return True
-
-
-def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default,
-                rel_einsum: bool = False) -> Node:
-    """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node. rel_einsum: the
-    einsums that make the rel-pos terms become reductions too (_einsum_as_reduction)."""
+def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default) -> Node:
+    """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node."""
     fake_mode = value(m.q).fake_mode
-    for term in m.rel_h + m.rel_w if rel_einsum else ():
-        src = einsum_source(term.node)
-        if _einsum_as_reduction(graph, term, fake_mode):
-            m.nodes.discard(src)
-            counters["samhq"]["rel_einsums"] += 1
     em = _Emitter(graph, m.output, fake_mode)
     q, k, v = (_to_3d(em, n) for n in (m.q, m.k, m.v))
     rel_h, rel_w = _sum_terms(em, m.rel_h), _sum_terms(em, m.rel_w)
@@ -192,10 +159,8 @@ def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
 class RelPosAttentionPass(CustomGraphPass):
     """Inductor pre-grad pass: fuse every rel-pos attention of the graph it is given."""
 
-    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False,
-                 rel_einsum: bool = False):
+    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False):
         self.min_seq_len = int(min_seq_len)
-        self.rel_einsum = bool(rel_einsum)  # backend option samhq.rel_einsum
         self.dump_dir = dump_dir
         # which registration of the op (op.py) to emit: False the opaque op, True the triton_op one,
         # "auto" the triton_op one for static key grids on devices the kernels are verified for, else opaque
@@ -215,7 +180,7 @@ class RelPosAttentionPass(CustomGraphPass):
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
         for cand in candidates:
             if cand.match is not None:
-                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)), self.rel_einsum)
+                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
@@ -238,5 +203,5 @@ class RelPosAttentionPass(CustomGraphPass):
 
     def uuid(self) -> bytes:
         return get_hash_for_files(_source_files()) + (
-            f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}|rel_einsum={self.rel_einsum}"
+            f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}"
             f"|{kernel_switches()}").encode()
