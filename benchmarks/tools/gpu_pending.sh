@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# The GPU run that decides what is built but off until timed (benchmarks/NOTES.md: host path, every SAM size):
-# the head-dim chunks (SAMHQ_FX_SPLIT_HEAD_DIM), samhq.static_launch and samhq.rel_einsum. About 10 minutes on
-# one H200; writes JSON under ${OUT:-gpu_pending_out}.
-#   bash benchmarks/tools/gpu_pending.sh
+# The GPU runs that decide what is still open (benchmarks/NOTES.md: host path, every SAM size): every GPU test,
+# samhq.static_launch timed alone, the default-mode training profile with its Inductor peers, and the ViT-L / ViT-H
+# cells. Each part fits one 10-minute device command on one H200 (compiles take 30-130 s each there):
+#   bash benchmarks/tools/gpu_pending.sh tests      # every GPU test (head dims in chunks are the default)
+#   bash benchmarks/tools/gpu_pending.sh host       # static launch on / off, inference and training, ViT-B bf16 B=1
+#   bash benchmarks/tools/gpu_pending.sh vit-h      # ViT-H training step and inference against Inductor, bf16 B=1
+# Writes logs and JSON under ${OUT:-gpu_pending_out}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu_pending_out}
-mkdir -p "$OUT/switches"
+mkdir -p "$OUT/static"
 export PYTHONUNBUFFERED=1
 python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
-# correctness first: every GPU test, with the chunked kernels on (they run the padded path's tests too)
-SAMHQ_FX_SPLIT_HEAD_DIM=1 python -m pytest -q -m gpu -n 4 tests/test_kernels.py tests/test_gpu.py tests/test_op.py \
-    tests/test_host_indices.py 2>&1 | tail -5
-# head dim 80 padded against chunked, in one process each (ratios to head dim 64 in the table printed last)
-python benchmarks/bench_attention_core.py --sam-sizes --out "$OUT" | tail -18
-SAMHQ_FX_SPLIT_HEAD_DIM=1 python benchmarks/bench_attention_core.py --sam-sizes --out "$OUT/switches" | tail -18
-# the default path: samhq as shipped against Inductor's builds, then samhq with both host switches on
-for what in infer train; do
-    python benchmarks/tools/profile_host.py --what $what --builds samhq,inductor-sdpa,inductor-eager --iters 10 \
-        --out "$OUT" | grep -E "wall|area"
-    SAMHQ_FX_STATIC_LAUNCH=1 SAMHQ_FX_REL_EINSUM=1 python benchmarks/tools/profile_host.py --what $what \
-        --builds samhq --iters 10 --out "$OUT/switches" | grep -E "wall|area"
-done
+case "${1:-tests}" in
+tests)
+    python -m pytest -v -rf -m gpu -n 12 tests/ > "$OUT/tests.log" 2>&1
+    grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -8 ;;
+host)
+    for what in infer train; do
+        python benchmarks/tools/profile_host.py --what $what --builds samhq,inductor-sdpa,inductor-eager --iters 10 \
+            --out "$OUT" | grep -E "wall"
+        SAMHQ_FX_STATIC_LAUNCH=1 python benchmarks/tools/profile_host.py --what $what --builds samhq --iters 10 \
+            --out "$OUT/static" | grep -E "wall"
+    done ;;
+vit-h)
+    python benchmarks/train_step.py --model vit-h --impls inductor,inductor-eager,samhq-eager --modes default \
+        --batch 1 --dtype bf16 --steps 8 --out "$OUT" | tail -4
+    python benchmarks/inference.py --model vit-h --impls inductor,inductor-eager,samhq-eager --modes default \
+        --batch 1 --dtype bf16 --out "$OUT" | tail -4 ;;
+*)
+    echo "usage: $0 tests|host|vit-h" >&2; exit 2 ;;
+esac
