@@ -144,8 +144,8 @@ def test_small_shapes(b, hk, wk, d, mode, matmul_precision):
 
 @pytest.fixture
 def split_head_dim(monkeypatch):
-    # head dims in two chunks are off by default (tiles.SPLIT_HEAD_DIM) until timed on a GPU; these tests turn
-    # them on
+    # head dims in two chunks (tiles.SPLIT_HEAD_DIM) are the default, which SAMHQ_FX_SPLIT_HEAD_DIM=0 turns off;
+    # these tests run them whatever the environment says
     monkeypatch.setattr(K.tiles, "SPLIT_HEAD_DIM", True)
 
 
