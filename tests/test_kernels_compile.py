@@ -14,13 +14,15 @@ from pathlib import Path
 import pytest
 
 
-def run_check(script: str) -> str:
-    """Run a compile-check script next to this file without TRITON_INTERPRET (real compiles); its stdout."""
+def run_check(script: str | Path, *args: str, env: dict | None = None, timeout: int = 600) -> str:
+    """Run a compile-check script (a name next to this file, or a path) without TRITON_INTERPRET (real compiles),
+    with `env` added to the environment; its stdout."""
     pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script))], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script) if isinstance(script, str) else script),
+                           *args], env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
@@ -51,11 +53,6 @@ def test_every_head_dim_80_launch_fits_shared_memory():
     # f6b9dbe: the one fp32 backward launch at 24 x 14x14, head dim 80 in chunks, asked for 253 KB of shared memory
     # (227 KB is a CTA's most) and failed at launch on the H200; this compiles every launch configs.py picks at SAM's
     # shape classes for sm_90 and fails on any that is over
-    pytest.importorskip("triton.backends.nvidia")
     tool = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "offline_sm90.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["SAMHQ_FX_SPLIT_HEAD_DIM"] = "1"
-    proc = subprocess.run([sys.executable, str(tool), "--table", "80"], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("ok ") == 45, proc.stdout  # 3 modes x 6 shapes x (forward + 1 or 2 backward launches)
+    out = run_check(tool, "--table", "80", env={"SAMHQ_FX_SPLIT_HEAD_DIM": "1"}, timeout=900)
+    assert out.count("ok ") == 45, out  # 3 modes x 6 shapes x (forward + 1 or 2 backward launches)
