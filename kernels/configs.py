@@ -199,7 +199,8 @@ TABLE = [
     # ('high'; 264 KB 'highest'), over the 227 KB a CTA may have (OutOfResources on the H200 at 24 x 14x14)
     ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
      dict(num_stages=2),
-     "fp32 D=80 fused backward at 14x14, 2 stages: 177 KB ('high'), 188 KB ('highest'); not timed (f6b9dbe, 2026-12-02)"),
+     "fp32 D=80 fused backward at 14x14, 2 stages: 177 KB ('high'), 188 KB ('highest'); not timed "
+     "(f6b9dbe, 2026-12-02)"),
     ("dkdv", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
      dict(num_stages=2), "no figure of its own: the fused launch's stages (row above; f6b9dbe, 2026-12-02)"),
     # ---- head dim above 80 (96 = 64 + 32; 112 and 128 run as 128) ------------------------------------

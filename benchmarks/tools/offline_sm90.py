@@ -170,8 +170,9 @@ def check_table(d: int) -> int:
                 r = seen[key]
                 bad = r["shared"] > CTA_SHARED_MAX
                 over += bad
-                print(f"{'OVER ' if bad else 'ok   '}{dtype:4s} {precision:7s} {b:4d} x {grid}x{grid} d={d} {kernel}/{part:4s} "
-                      f"shared {r['shared'] // 1024:3d} KB regs {r['registers']:3d} ctas/SM {r['ctas_per_sm']} "
+                print(f"{'OVER ' if bad else 'ok   '}{dtype:4s} {precision:7s} {b:4d} x {grid}x{grid} d={d} "
+                      f"{kernel}/{part:4s} shared {r['shared'] // 1024:3d} KB regs {r['registers']:3d} "
+                      f"ctas/SM {r['ctas_per_sm']} "
                       f"warps {kw['num_warps']} stages {kw['num_stages']}", flush=True)
     return over
 
