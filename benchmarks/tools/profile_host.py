@@ -1,7 +1,8 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
-For each build (samhq with the triton_op registration, samhq with the opaque op, Inductor on HF's "eager" and
-"sdpa" attention classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), in one process:
+For each build (samhq with the triton_op registration; the same launched by Triton's launcher instead of Inductor's
+static one, samhq.static_launch off; samhq with the opaque op; Inductor on HF's "eager" and "sdpa" attention
+classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), in one process:
   wall      median over --iters calls, each call synchronized (perf_counter around call + sync);
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
             launches per call, and GPU busy = GPU / wall;
@@ -37,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
+    "samhq-triton-launcher": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": False}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
     "inductor-eager": ("eager", "inductor", None),
     "inductor-sdpa": ("sdpa", "inductor", None),
