@@ -175,20 +175,12 @@ def _three_sgd_steps(model, f, init):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _assert_same_bits(a, b):
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-
-
 def test_training_runs_are_bitwise_reproducible(no_fallback):
-    # Two runs of 3 SGD steps from the same weights and data end in the same bits: the same compiled model run
-    # twice, and two fresh compiles with Inductor's deterministic mode. cuDNN (the patch embedding) is put in
-    # its deterministic mode; the fused op and index_rows are deterministic by construction. Without
-    # Inductor's deterministic mode two compiles may differ: Inductor benchmarks its own kernels' configs at
-    # their first launch, and another pick is another reduction order (H200, 2026-12-02: pos_embed differed
-    # after 3 steps between two compiles of this model; README, Determinism).
-    from torch._inductor import config as inductor_config
-
+    # Two runs of 3 SGD steps of one compiled model, from the same weights and data, end in the same bits. cuDNN
+    # (the patch embedding) is put in its deterministic mode; the fused op and index_rows are deterministic by
+    # construction. Two separate compiles are not held to it: on the H200 (2026-12-02) two compiles of this model
+    # differed after one step even with plain Inductor in its deterministic mode (36 of 37 gradients, up to
+    # 2.3e-4; benchmarks/NOTES.md, correctness and determinism).
     old = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:
@@ -198,16 +190,10 @@ def test_training_runs_are_bitwise_reproducible(no_fallback):
         f = torch.compile(model, backend="samhq")
         first = _three_sgd_steps(model, f, init)
         assert counters["samhq"]["fused"] == 2
-        _assert_same_bits(first, _three_sgd_steps(model, f, init))
-        if not hasattr(inductor_config, "deterministic"):  # torch without Inductor's deterministic mode
-            return
-        finals = []
-        with inductor_config.patch(deterministic=True):
-            for _ in range(2):
-                fresh_compile_state()
-                finals.append(_three_sgd_steps(model, torch.compile(model, backend="samhq"), init))
-                assert counters["samhq"]["fused"] == 2
-        _assert_same_bits(*finals)
+        second = _three_sgd_steps(model, f, init)
+        for name in first:
+            assert torch.equal(first[name], second[name]), name
+        assert any(not torch.equal(first[n], init[n]) for n in first)  # the steps moved the weights
     finally:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
 
