@@ -14,14 +14,16 @@ from pathlib import Path
 import pytest
 
 
-def run_check(script: str | Path, *args: str, env: dict | None = None, timeout: int = 600) -> str:
-    """Run a compile-check script (a name next to this file, or a path) without TRITON_INTERPRET (real compiles),
-    with `env` added to the environment; its stdout."""
+def run_check(script: str | Path, *args: str, env: dict | None = None, timeout: int = 600,
+              cwd: Path | None = None) -> str:
+    """Run a compile-check script (a name next to this file, a path, or "-c" and the code) without TRITON_INTERPRET
+    (real compiles), with `env` added to the environment, in `cwd`; its stdout."""
     pytest.importorskip("triton.backends.nvidia")
     full_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name(script) if isinstance(script, str) else script),
-                           *args], env=full_env, capture_output=True, text=True, timeout=timeout)
+    target = str(Path(__file__).with_name(script)) if isinstance(script, str) and script != "-c" else str(script)
+    proc = subprocess.run([sys.executable, target, *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -41,11 +43,8 @@ def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
     code = ("import json, offline_sm90 as O; c, w = O.compile_tl('bwd', 'fp32', 'dkdv', json.loads('%s')); "
             "print(json.dumps(O.report(c, w)))" % json.dumps(dict(num_warps=c["num_warps"], num_stages=c["num_stages"],
                                                                    BLOCK_M_KV=c["BLOCK_M"])))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_check("-c", code, cwd=Path(__file__).resolve().parents[1] / "benchmarks" / "tools")
+    report = json.loads(out.strip().splitlines()[-1])
     assert report["ctas_per_sm"] >= 2, report
 
 
