@@ -37,11 +37,11 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
-    samhq.static_launch bool, default True  Inductor launches the fused op's kernels (triton_op registration)
+    samhq.static_launch bool, default False Inductor launches the fused op's kernels (triton_op registration)
                                             with its static CUDA launcher, as it launches its own
-                                            (SAMHQ_FX_STATIC_LAUNCH=0 turns it off). ViT-B encoder inference,
-                                            bf16 batch 1, default mode, H200: 7.19 -> 6.26 ms a call
-                                            (benchmarks/NOTES.md, host path)
+                                            (SAMHQ_FX_STATIC_LAUNCH=1). Off until timed on a GPU; it reaches
+                                            compile workers started after the first samhq compile only
+                                            (launch_user_kernels_statically)
 All other keys are Inductor config options, passed through unchanged; one that contradicts the mode's own
 setting (e.g. "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override.
 """
@@ -58,7 +58,7 @@ from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
                  "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True,
-                 "samhq.static_launch": True}
+                 "samhq.static_launch": False}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -160,14 +160,22 @@ def launch_user_kernels_statically(patches: dict[str, Any]) -> None:
     """Let Inductor launch the fused op's kernels (the triton_op registration's) with its static CUDA launcher,
     as it launches its own (option samhq.static_launch), unless the user's Inductor options say otherwise.
     Triton's own launcher binds and specialises every argument in Python on each call: 12 forward launches of the
-    bf16 ViT-B encoder at batch 1 cost about as much host time as its other 147 launches together, and the static
-    launcher took that call from 7.19 to 6.26 ms (H200, benchmarks/NOTES.md, host path). A kernel that cannot be
-    launched statically keeps Triton's launcher (Inductor decides per kernel)."""
+    bf16 ViT-B encoder at batch 1 cost about as much host time as its other 147 launches together (cProfile on the
+    H200, benchmarks/NOTES.md, host path). A kernel that cannot be launched statically keeps Triton's launcher
+    (Inductor decides per kernel).
+
+    Inductor decides that where it compiles the kernel, which is in its compile workers (separate processes), and
+    it hands them only `use_static_triton_launcher` of the parent's config (torch 2.11-2.13,
+    async_compile.py): a config patch alone never reached them (H200, 2026-12-02: all 12 launches still went
+    through Triton's launcher). The workers read the option from their environment when they start, so it is set
+    there too; workers already running (an earlier compile in the process) keep what they had."""
     from torch._inductor import config as inductor_config
 
     key = "static_launch_user_defined_triton_kernels"
     if hasattr(inductor_config, key):  # torch >= 2.8
         patches.setdefault(key, True)
+        if patches[key]:
+            os.environ.setdefault("TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS", "1")
 
 
 def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None, options=None):

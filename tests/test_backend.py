@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
 import re
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -132,12 +134,7 @@ def test_mode_errors_name_what_conflicts(monkeypatch):
     assert seen["max_autotune"] is True and "triton.cudagraphs" not in seen
     seen.clear()
     samhq_backend(gm, x, options={"samhq.mode": "default", "epilogue_fusion": False})
-    assert seen.keys() - {"static_launch_user_defined_triton_kernels"} == {"epilogue_fusion", "pre_grad_custom_pass"}
-    # samhq.static_launch is on by default where this torch has the option
-    assert seen.get("static_launch_user_defined_triton_kernels", True) is True
-    seen.clear()
-    samhq_backend(gm, x, options={"samhq.static_launch": False})
-    assert "static_launch_user_defined_triton_kernels" not in seen
+    assert seen.keys() == {"epilogue_fusion", "pre_grad_custom_pass"}  # samhq.static_launch is off by default
 
 
 def test_readme_never_passes_mode_with_options():
@@ -446,9 +443,13 @@ def test_user_kernels_launch_statically_unless_the_user_says_otherwise():
     # the fused op's kernels (triton_op registration) go through Inductor's static launcher, as its own do
     from samhq_fx.backend import launch_user_kernels_statically
 
-    patches = {}
-    launch_user_kernels_statically(patches)
-    assert patches == {"static_launch_user_defined_triton_kernels": True}
-    patches = {"static_launch_user_defined_triton_kernels": False}
-    launch_user_kernels_statically(patches)
-    assert patches == {"static_launch_user_defined_triton_kernels": False}
+    env = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
+    with mock.patch.dict(os.environ):
+        os.environ.pop(env, None)
+        patches = {"static_launch_user_defined_triton_kernels": False}
+        launch_user_kernels_statically(patches)
+        assert patches == {"static_launch_user_defined_triton_kernels": False} and env not in os.environ
+        patches = {}
+        launch_user_kernels_statically(patches)
+        assert patches == {"static_launch_user_defined_triton_kernels": True}
+        assert os.environ[env] == "1"  # Inductor's compile workers read it from their environment

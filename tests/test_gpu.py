@@ -101,10 +101,11 @@ def test_triton_op_variant_matches_float64(no_fallback):
 
 @pytest.mark.parametrize("head_dim", [64, 80])
 def test_fused_kernels_go_through_the_static_launcher(head_dim, no_fallback):
-    # samhq.static_launch (the default): Inductor launches the triton_op registration's kernels with its static
-    # launcher. In strict mode a kernel it cannot launch that way is an error instead of a silent fall back to
-    # Triton's Python launcher (the ViT-B bf16 B=1 call: 7.19 ms with it, 6.26 static); head dim 80 runs as two
-    # chunks (64 + 16). bf16 autocast, forward + backward, against float64.
+    # samhq.static_launch: Inductor launches the triton_op registration's kernels with its static launcher. In
+    # strict mode a kernel it cannot launch that way is an error instead of a silent fall back to Triton's Python
+    # launcher; head dim 80 runs as two chunks (64 + 16). compile_threads=1 compiles in this process, where the
+    # config patch applies (compile workers take the option from their environment, backend.py). bf16 autocast,
+    # forward + backward, against float64.
     from torch._inductor import config as inductor_config
 
     if not hasattr(inductor_config, "strict_static_triton_launcher"):
@@ -113,8 +114,8 @@ def test_fused_kernels_go_through_the_static_launcher(head_dim, no_fallback):
     model = _model("eager", head_dim)
     x = torch.randn(2, 3, 128, 128, device="cuda")
     w = torch.randn(2, 32, 16, 16, device="cuda")
-    with inductor_config.patch(strict_static_triton_launcher=True):
-        f = torch.compile(model, backend="samhq")
+    with inductor_config.patch(strict_static_triton_launcher=True, compile_threads=1):
+        f = torch.compile(model, backend="samhq", options={"samhq.static_launch": True})
         with torch.autocast("cuda", torch.bfloat16):
             out, grads = _run(model, f, x, w)
     assert counters["samhq"]["fused"] == 2
