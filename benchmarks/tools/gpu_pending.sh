@@ -2,7 +2,7 @@
 # The GPU runs that decide what is still open (benchmarks/NOTES.md: host path, every SAM size). Each part fits one
 # 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training ~280 s a build):
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~220 s with -n 12)
-#   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference, static launcher on / off and Inductor, bf16 B=1
+#   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference: samhq, samhq with the static launcher, Inductor; bf16 B=1
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train  # ViT-H training step, samhq and Inductor in one process
 #   bash benchmarks/tools/gpu_pending.sh train        # ViT-B forward + backward profile, samhq and Inductor
 #   bash benchmarks/tools/gpu_pending.sh tf32         # ViT-B inference in TF32, batch 1, default mode
@@ -19,7 +19,7 @@ tests)
     grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -8 ;;
 vit-h-infer)
     timeout 560 python benchmarks/tools/profile_host.py --model vit-h --what infer \
-        --builds samhq,samhq-triton-launcher,inductor-sdpa --iters 10 --out "$OUT" > "$OUT/vit-h-infer.log" 2>&1
+        --builds samhq,samhq-static,inductor-sdpa --iters 10 --out "$OUT" > "$OUT/vit-h-infer.log" 2>&1
     grep -E "wall" "$OUT/vit-h-infer.log" ;;
 vit-h-train)
     timeout 590 python benchmarks/train_step.py --model vit-h --impls samhq-eager,inductor --modes default \

@@ -1,9 +1,10 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
-For each build (samhq with the triton_op registration; the same launched by Triton's launcher instead of Inductor's
-static one, samhq.static_launch off; samhq with the opaque op; Inductor on HF's "eager" and "sdpa" attention
-classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), in one process:
-  wall      median over --iters calls, each call synchronized (perf_counter around call + sync);
+For each build (samhq with the triton_op registration; the same with its kernels on Inductor's static launcher,
+samhq.static_launch; samhq with the opaque op; Inductor on HF's "eager" and "sdpa" attention classes) of an HF
+SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
+  wall      median over --rounds rounds of the median of --iters calls, each call synchronized (perf_counter
+            around call + sync); each round times every build in turn;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
             launches per call, and GPU busy = GPU / wall;
   host ops  the same profile's CPU side: the top ops by self CPU time per call (custom ops, aten, Triton
@@ -38,7 +39,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
-    "samhq-triton-launcher": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": False}),
+    # compile_threads=1: the static-launch choice is made where a kernel compiles, and compile workers do not see
+    # the config patch (samhq_fx/backend.py, launch_user_kernels_statically); in this process they do
+    "samhq-static": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": True, "compile_threads": 1}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
     "inductor-eager": ("eager", "inductor", None),
     "inductor-sdpa": ("sdpa", "inductor", None),
@@ -235,7 +238,8 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--what", default="infer", choices=("infer", "train"))
     ap.add_argument("--builds", default=",".join(BUILDS))
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=20, help="synchronized calls per timing round")
+    ap.add_argument("--rounds", type=int, default=3, help="timing rounds, each timing every build in turn")
     ap.add_argument("--out", default=".")
     ap.add_argument("--pieces", action="store_true", help="also time the fused op's pieces")
     args = ap.parse_args()
@@ -246,35 +250,46 @@ def main():
     result = {"args": vars(args), "torch": torch.__version__, "triton": triton.__version__, "builds": {}}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"profile_host_{args.model}_{args.what}_{args.dtype}_b{args.batch}.json")
-    for name in args.builds.split(","):
+    # Compile every build first, then time them in rotation: in one process the first build timed ran slower on
+    # the host in every piece (addmm, launches, guards ~1.5x; H200, 2026-12-02), so timing builds one after the
+    # other favours the later ones.
+    names = args.builds.split(",")
+    built = {}
+    for name in names:
         attn, backend, options = BUILDS[name]
-        torch._dynamo.reset()
         counters.clear()
         enc = build_encoder(args.model, attn, args.dtype, args.what, device)
         kw = {"backend": backend}
         if options:
             kw["options"] = options
-        fn = torch.compile(enc, **kw)
-        call = make_call(fn, args.what, args.dtype, args.batch, device)
+        call = make_call(torch.compile(enc, **kw), args.what, args.dtype, args.batch, device)
         t = time.perf_counter()
         call()
         torch.cuda.synchronize()
-        compile_s = time.perf_counter() - t
+        row = {"compile_s": time.perf_counter() - t, "fused": counters["samhq"]["fused"],
+               "graph_breaks": sum(counters["graph_break"].values())}
         for _ in range(3):
             call()
-        w = walls(call, args.iters)
-        row = {"wall_ms": statistics.median(w), "issue_ms": statistics.median(issue_times(call, args.iters)),
-               "compile_s": compile_s, "fused": counters["samhq"]["fused"],
-               "graph_breaks": sum(counters["graph_break"].values())}
+        built[name] = (enc, call, row)
+        print(f"{name:22s} compiled in {row['compile_s']:.0f} s, fused {row['fused']}", flush=True)
+    rounds = {name: [] for name in names}
+    for _ in range(args.rounds):
+        for name in names:
+            rounds[name].append(statistics.median(walls(built[name][1], args.iters)))
+    for name in names:
+        enc, call, row = built[name]
+        w = rounds[name]
+        row.update(wall_ms=statistics.median(w), wall_ms_by_round=w,
+                   issue_ms=statistics.median(issue_times(call, args.iters)))
         row.update(gpu_profile(call))
         row["host_ms"] = row["wall_ms"] - row["gpu_ms"]
         row["python"] = py_profile(call, args.iters)
         result["builds"][name] = row
-        print(f"{name:16s} wall {row['wall_ms']:7.2f} ms  issue {row['issue_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy "
-              f"{100 * row['gpu_busy']:4.0f}%  launches {row['launches']:6.0f}  fused {row['fused']}", flush=True)
+        print(f"{name:22s} wall {row['wall_ms']:7.2f} ms (rounds " + " ".join(f"{x:.2f}" for x in w) + ")  issue "
+              f"{row['issue_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy {100 * row['gpu_busy']:4.0f}%  launches "
+              f"{row['launches']:6.0f}  fused {row['fused']}", flush=True)
         if args.pieces and name == "samhq":
             result["pieces"] = op_pieces(enc, args.batch, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
-        del fn, enc, call
         with open(path, "w") as f:  # after every build: a later one that fails or runs out of time loses nothing
             json.dump(result, f, indent=1, default=str)
     for p in result.get("pieces", []):
