@@ -37,6 +37,10 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
+    samhq.pad_rel_einsum bool, default False pad the key axis of the einsums that make a fused attention's
+                                            rel-pos terms to a multiple of 8 (SAM's 14x14 windows: 14 -> 16),
+                                            meant to keep cuBLAS on its Hopper GEMMs instead of an sm80 WMMA one
+                                            (SAMHQ_FX_PAD_REL_EINSUM=1). Off until timed on a GPU
     samhq.static_launch bool, default False Inductor launches the fused op's kernels (triton_op registration)
                                             with its static CUDA launcher, as it launches its own
                                             (SAMHQ_FX_STATIC_LAUNCH=1). Off until timed on a GPU; it reaches
@@ -58,7 +62,7 @@ from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
                  "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True,
-                 "samhq.static_launch": False}
+                 "samhq.static_launch": False, "samhq.pad_rel_einsum": False}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -82,6 +86,9 @@ def _env_defaults() -> dict[str, Any]:
     host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
     if host_indices is not None:
         env["samhq.host_indices"] = host_indices
+    pad_rel_einsum = _env_switch("SAMHQ_FX_PAD_REL_EINSUM")
+    if pad_rel_einsum is not None:
+        env["samhq.pad_rel_einsum"] = pad_rel_einsum
     static_launch = _env_switch("SAMHQ_FX_STATIC_LAUNCH")
     if static_launch is not None:
         env["samhq.static_launch"] = static_launch
@@ -200,7 +207,8 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         if patches.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
         triton_op = resolve_triton_op(ours["samhq.triton_op"], patches)
-        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op)
+        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op,
+                                      ours["samhq.pad_rel_einsum"])
         for module in graphs:  # activation-checkpoint regions and other HOP bodies included
             rewrite(module.graph)
             module.recompile()

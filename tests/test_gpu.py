@@ -127,6 +127,25 @@ def test_fused_kernels_go_through_the_static_launcher(head_dim, no_fallback):
         assert rel_err(grads[name], ref_grads[name]) < 1e-1, name
 
 
+def test_padded_rel_einsums_match_float64(no_fallback):
+    # samhq.pad_rel_einsum: the window layer's rel-pos einsums (key axis 7) run with a key axis of 8; bf16 autocast,
+    # forward + backward, against float64
+    fresh_compile_state()
+    model = _model("eager")
+    x = torch.randn(2, 3, 128, 128, device="cuda")
+    w = torch.randn(2, 32, 16, 16, device="cuda")
+    f = torch.compile(model, backend="samhq", options={"samhq.pad_rel_einsum": True})
+    with torch.autocast("cuda", torch.bfloat16):
+        out, grads = _run(model, f, x, w)
+    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 2
+    model64 = model.double()
+    ref, ref_grads = _run(model64, model64, x.double(), w.double())
+    assert rel_err(out, ref) < 5e-2
+    for name in ("layers.0.attn.rel_pos_h", "layers.0.attn.rel_pos_w", "layers.0.attn.qkv.weight"):
+        name = "vision_encoder." + name
+        assert rel_err(grads[name], ref_grads[name]) < 1e-1, name
+
+
 def test_triton_op_auto_across_image_sizes_matches_float64(no_fallback):
     # "auto": Inductor-launched kernels for the static first size, the opaque op once sizes are symbolic
     fresh_compile_state()
