@@ -2,7 +2,8 @@
 # The GPU runs that decide what is still open (benchmarks/NOTES.md: host path, every SAM size). Each part fits one
 # 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training ~280 s a build):
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~220 s with -n 12)
-#   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference: samhq, samhq with the static launcher, Inductor; bf16 B=1
+#   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference, bf16 B=1: samhq, its pad and static
+#                                                     # launch options, Inductor
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train  # ViT-H training step, samhq and Inductor in one process
 #   bash benchmarks/tools/gpu_pending.sh train        # ViT-B forward + backward profile, samhq and Inductor
 #   bash benchmarks/tools/gpu_pending.sh tf32         # ViT-B inference in TF32, batch 1, default mode
@@ -19,15 +20,15 @@ tests)
     grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -8 ;;
 vit-h-infer)
     timeout 560 python benchmarks/tools/profile_host.py --model vit-h --what infer \
-        --builds samhq,samhq-static,inductor-sdpa --iters 10 --out "$OUT" > "$OUT/vit-h-infer.log" 2>&1
+        --builds samhq,samhq-pad,samhq-static,inductor-sdpa --iters 10 --out "$OUT" > "$OUT/vit-h-infer.log" 2>&1
     grep -E "wall" "$OUT/vit-h-infer.log" ;;
 vit-h-train)
     timeout 590 python benchmarks/train_step.py --model vit-h --impls samhq-eager,inductor --modes default \
         --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" > "$OUT/vit-h-train.log" 2>&1
     tail -4 "$OUT/vit-h-train.log" ;;
 train)
-    timeout 560 python benchmarks/tools/profile_host.py --what train --builds samhq,inductor-sdpa,inductor-eager \
-        --iters 10 --out "$OUT" > "$OUT/train.log" 2>&1
+    timeout 560 python benchmarks/tools/profile_host.py --what train \
+        --builds samhq,samhq-pad,inductor-sdpa,inductor-eager --iters 10 --out "$OUT" > "$OUT/train.log" 2>&1
     grep -E "wall" "$OUT/train.log" ;;
 tf32)
     timeout 560 python benchmarks/inference.py --impls samhq-eager,inductor,inductor-eager --modes default \

@@ -1,8 +1,9 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
-For each build (samhq with the triton_op registration; the same with its kernels on Inductor's static launcher,
-samhq.static_launch; samhq with the opaque op; Inductor on HF's "eager" and "sdpa" attention classes) of an HF
-SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
+For each build (samhq with the triton_op registration; the same with samhq.pad_rel_einsum; the same with its
+kernels on Inductor's static launcher, samhq.static_launch; samhq with the opaque op; Inductor on HF's "eager"
+and "sdpa" attention classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled
+first, in one process:
   wall      median over --rounds rounds of the median of --iters calls, each call synchronized (perf_counter
             around call + sync); each round times every build in turn;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
@@ -41,6 +42,7 @@ BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
     # compile_threads=1: the static-launch choice is made where a kernel compiles, and compile workers do not see
     # the config patch (samhq_fx/backend.py, launch_user_kernels_statically); in this process they do
+    "samhq-pad": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.pad_rel_einsum": True}),
     "samhq-static": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": True, "compile_threads": 1}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
     "inductor-eager": ("eager", "inductor", None),
@@ -271,6 +273,9 @@ def main():
         for _ in range(3):
             call()
         built[name] = (enc, call, row)
+        result["builds"][name] = row
+        with open(path, "w") as f:  # compiles so far, in case the run is cut before the timings
+            json.dump(result, f, indent=1, default=str)
         print(f"{name:22s} compiled in {row['compile_s']:.0f} s, fused {row['fused']}", flush=True)
     rounds = {name: [] for name in names}
     for _ in range(args.rounds):
