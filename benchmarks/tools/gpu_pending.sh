@@ -7,6 +7,7 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train  # ViT-H training step, samhq and Inductor in one process
 #   bash benchmarks/tools/gpu_pending.sh train        # ViT-B forward + backward profile, samhq and Inductor
 #   bash benchmarks/tools/gpu_pending.sh tf32         # ViT-B inference in TF32, batch 1, default mode
+#   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
 # Writes logs and JSON under ${OUT:-gpu_pending_out}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,10 +31,13 @@ train)
     timeout 560 python benchmarks/tools/profile_host.py --what train \
         --builds samhq,samhq-pad,inductor-sdpa,inductor-eager --iters 10 --out "$OUT" > "$OUT/train.log" 2>&1
     grep -E "wall" "$OUT/train.log" ;;
+d80)
+    timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
+    tail -12 "$OUT/d80.log" ;;
 tf32)
     timeout 560 python benchmarks/inference.py --impls samhq-eager,inductor,inductor-eager --modes default \
         --batch 1 --dtype tf32 --iters 10 --time-budget 540 --out "$OUT" > "$OUT/tf32.log" 2>&1
     tail -4 "$OUT/tf32.log" ;;
 *)
-    echo "usage: $0 tests|vit-h-infer|vit-h-train|train|tf32" >&2; exit 2 ;;
+    echo "usage: $0 tests|vit-h-infer|vit-h-train|train|tf32|d80" >&2; exit 2 ;;
 esac

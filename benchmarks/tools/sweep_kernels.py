@@ -9,6 +9,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/tools/sweep_kernels.py --narrow-bf16 --narrow16  # bf16 on narrow grids; fp32 with 16-key tiles
     python benchmarks/tools/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
     python benchmarks/tools/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
+    python benchmarks/tools/sweep_kernels.py --d80-fp32  # TF32 dK/dV / dQ configs at ViT-H's head dim 80
     python benchmarks/tools/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/tools/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
     python benchmarks/tools/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
@@ -236,6 +237,19 @@ SMALL_STEP_CANDS = {
     "fp32-highest": {"dkdv": [dict(BLOCK_M=16, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=2)]},
 }
 
+# --d80-fp32: TF32 at ViT-H's head dim 80 (64 + 16), 16 heads, its global grid and 14x14 windows (25 per image), the
+# layer 1.68x / 1.44x head dim 64's (f6b9dbe; target 1.3x). The shipped dK/dV runs 16-query steps (2 CTAs per SM);
+# the 32-query steps at 1 CTA per SM were the risk named before the timing. Offline (sm_90a, compiled on the CI CPU
+# with Triton 3.9, 2026-12-02), global / windows: dK/dV shipped (16, 2 stages) 84 / 88 KB, 2 CTAs per SM; 32 at 2
+# stages 128 / 136 KB, 1; 32 at 3 stages 176 / 192 KB, 1; 16 at 3 stages 108 / 116 KB, 2 / 1. dQ shipped 200 KB
+# (8 warps, 2 stages) / 85 KB, 1 / 2 CTAs; 64 queries, 4 warps, 2 stages 160 / 70 KB, 1 / 3; 3 stages 220 / 85 KB.
+D80_SHAPES = [(64, 1), (14, 25)]
+D80_CANDS = {
+    "dkdv": [dict(BLOCK_M=32, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=3),
+             dict(BLOCK_M=16, num_warps=4, num_stages=3)],
+    "dq": [dict(BLOCK_M=64, num_warps=4, num_stages=2), dict(BLOCK_M=64, num_warps=4, num_stages=3)],
+}
+
 # --maxnreg: a register cap (ptxas -maxrregcount) that fits one more CTA per SM, bf16. Offline (sm_90a, Triton 3.6,
 # SAM-B global): dK/dV (32-query steps) 138 registers, 3 CTAs -> capped at 128: no spill, 4 CTAs; dK/dV with
 # 64-query steps at 2 stages capped at 168: no spill, 3 CTAs (against 192 and 2 uncapped); dQ 228 registers, 2
@@ -256,12 +270,12 @@ DKDV128_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8)]
 DKDV128_CANDS = {"dkdv": [dict(BLOCK_N=128, num_warps=8, BLOCK_M=bm, num_stages=st, RH_SELECT=True, MAXNREG=cap)
                           for bm, st, cap in ((32, 2, 128), (32, 3, 128), (64, 3, None), (64, 2, 168))]}
 
-def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None):
+def sweep_narrow(results, mode="fp32-tf32", shapes=NARROW, cands=NARROW_CANDS, key=None, heads=HEADS, d=64):
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
     rows = []
     for side, batch in shapes:
-        q, k, v, rh, rw, do = make(batch * HEADS, side, dtype)
+        q, k, v, rh, rw, do = make(batch * heads, side, dtype, d=d)
         for kern, lst in [("shipped", [{}])] + list(cands.items()):
             for c in lst:
                 with overrides({kern: c} if c else {}):
@@ -361,6 +375,7 @@ def main():
     ap.add_argument("--narrow16", action="store_true", help="fp32 with 16-key tiles on the 14- and 16-wide 076 grids")
     ap.add_argument("--fp32-occupancy", action="store_true", help="fp32 dK/dV and dQ configs with more warps per SM")
     ap.add_argument("--fp32-small-steps", action="store_true", help="fp32 dK/dV with 16-query steps, 'high' and 'highest'")
+    ap.add_argument("--d80-fp32", action="store_true", help="TF32 dK/dV and dQ configs at ViT-H's head dim 80")
     ap.add_argument("--maxnreg", action="store_true", help="bf16 kernels with a register cap (one more CTA per SM)")
     ap.add_argument("--dkdv128", action="store_true", help="bf16 dK/dV with 128-key tiles and 8 warps, capped or not")
     ap.add_argument("--kmajor", action="store_true")
@@ -384,6 +399,8 @@ def main():
                       (args.fp32_small_steps, lambda: [print_narrow(sweep_narrow(results, mode, SMALL_STEP_SHAPES, cands,
                                                                                  f"sweep_small_steps_{mode}"))
                                                        for mode, cands in SMALL_STEP_CANDS.items()]),
+                      (args.d80_fp32, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", D80_SHAPES, D80_CANDS,
+                                                                        "sweep_d80_fp32", heads=16, d=80))),
                       (args.tables, lambda: sweep_tables(results, args.tables)),
                       (args.maxnreg, lambda: print_narrow(sweep_narrow(results, "bf16", MAXNREG_SHAPES, MAXNREG_CANDS,
                                                                        "sweep_maxnreg"))),
