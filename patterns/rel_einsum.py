@@ -57,8 +57,8 @@ def key_axis_to_pad(einsum: Node) -> int | None:
     x, k, c = lhs_b
     if not (out.endswith(k) and k not in lhs_a and c in lhs_a and c not in out and x in lhs_a and x in out):
         return None
-    r = value(einsum.args[2])
-    if r is None or r.dim() != 3 or not is_static(r.shape[1]):
+    q, r = value(einsum.args[1]), value(einsum.args[2])
+    if q is None or r is None or r.dim() != 3 or not is_static(r.shape[1]):
         return None
     size = int(r.shape[1])
     return size if size > 1 and size % ALIGN else None
