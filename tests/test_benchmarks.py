@@ -459,8 +459,18 @@ def _fake_sweep(monkeypatch):
         return 1e-3 * len(seen)
 
     monkeypatch.setattr(S, "time_call", fake_time_call)
-    monkeypatch.setattr(S, "make", lambda n, side, dtype: (None,) * 6)
+    made = []
+    monkeypatch.setattr(S, "make", lambda n, side, dtype, d=64: made.append((n, side, d)) or (None,) * 6)
+    monkeypatch.setattr(S, "made", made, raising=False)  # the (b, side, d) of every make(), for the test to read
     return S, seen
+
+
+def test_sweep_d80_times_vit_h_shapes(monkeypatch):
+    # --d80-fp32: 16 heads of head dim 80 on ViT-H's global grid and its 25 windows of 14x14
+    S, seen = _fake_sweep(monkeypatch)
+    rows = S.sweep_narrow({}, "fp32-tf32", S.D80_SHAPES, S.D80_CANDS, "sweep_d80_fp32", heads=16, d=80)
+    assert S.made == [(16, 64, 80), (400, 14, 80)]
+    assert len(rows) == 2 * (1 + sum(map(len, S.D80_CANDS.values())))
 
 
 def test_sweep_narrow_runs_each_candidate_under_its_config(monkeypatch):
