@@ -380,6 +380,27 @@ def test_inference_quick(tmp_path, capsys):
     assert m["line"] in out
 
 
+@pytest.mark.slow
+def test_inference_rotates_the_default_mode_compiled_cells(tmp_path):
+    # the default-mode compiled cells of a group are timed again in rotation after the group's last cell; the
+    # eager baseline is not; --no-rotate keeps the single in-cell timing
+    import inference
+
+    pytest.importorskip("transformers")
+    p = inference.main(["--quick", "--impls", "eager-eager,inductor,samhq-eager", "--iters", "2", "--no-chart",
+                        "--out", str(tmp_path)])
+    rows = {r["impl"]: r for r in p["results"]}
+    assert all(r["status"] == "OK" for r in rows.values()) and rows["samhq-eager"]["fused"] == 2
+    assert "latency_ms_by_round" not in rows["eager-eager"]
+    for name in ("inductor", "samhq-eager"):
+        r = rows[name]
+        assert len(r["latency_ms_by_round"]) == inference.ROTATE_ROUNDS and r["latency_ms_in_cell"] > 0
+        assert r["latency_ms"] == pytest.approx(sorted(r["latency_ms_by_round"])[1], rel=1e-3)  # median of 3
+    p = inference.main(["--quick", "--impls", "inductor,samhq-eager", "--no-rotate", "--no-chart",
+                        "--out", str(tmp_path)])
+    assert not any("latency_ms_by_round" in r for r in p["results"])
+
+
 def test_plot_imports_no_runner():
     # charts depend on results only: plot.py must not import the scripts that produce them
     src = (Path(plot.__file__)).read_text()
