@@ -143,6 +143,36 @@ def wall_times(call: Callable[[int], object], iters: int, device: torch.device,
     return [s.elapsed_time(e) * 1e3 for s, e in events]
 
 
+ROTATE_ROUNDS = 3
+
+
+def rotate_timings(kept: dict, iters: int, device: torch.device, rounds: int = ROTATE_ROUNDS) -> dict | None:
+    """Per kept cell, the median ms of `iters` calls in each of `rounds` rounds, every round timing each cell in
+    turn (kept: key -> (call, before) as wall_times takes them). In one process the first build timed ran slower
+    on the host in every piece (H200, 2026-12-02, benchmarks/NOTES.md, method), so cells timed one after the other
+    favour the later ones; rounds in rotation give each the same conditions. None if a call compiled again (its
+    rounds would have timed a compile)."""
+    from torch._dynamo.utils import counters
+
+    graphs0 = counters["stats"]["unique_graphs"]
+    by_round: dict = {key: [] for key in kept}
+    for _ in range(rounds):
+        for key, (call, before) in kept.items():
+            by_round[key].append(median(wall_times(call, iters, device, before=before)) / 1e3)
+    if counters["stats"]["unique_graphs"] != graphs0:
+        log("rotation: a kept cell compiled again; its in-cell timing stands")
+        return None
+    return by_round
+
+
+def recompile_limit_patch(at_least: int = 64):
+    """torch._dynamo.config.patch raising the per-code cache limit: cells kept alive together are entries of the
+    same compiled function (recompile_limit in newer torch, cache_size_limit before)."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    return cfg.patch(**{name: max(at_least, getattr(cfg, name))})
+
+
 def _ns(e, what: str) -> float:
     """Kineto event time in ns across torch versions (start_ns/end_ns, else start_us/duration_us)."""
     if what == "start":

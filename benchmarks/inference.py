@@ -79,8 +79,6 @@ MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick recor
 CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1}
 PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forward-only compiles: guess, H200 host
 RESULTS_NAME = "inference.json"
-# dynamo's per-code cache: every kept cell of a group is another entry for the same forward
-_RECOMPILE_LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
 
 def build(attn: str, quick: bool, device: torch.device, dtype: str, size: str = "vit-b"):
@@ -176,26 +174,12 @@ def run_cell(key: tuple, args, device, keep: dict | None = None) -> dict:
     return row
 
 
-ROTATE_ROUNDS = 3
-
-
 def rotate(rows: dict, keep: dict, args, device) -> None:
-    """Time the kept cells of one group again, in turn, ROTATE_ROUNDS times: in one process the first build
-    timed ran slower on the host in every piece (H200, 2026-12-02, benchmarks/NOTES.md, method), so cells timed
-    one after the other favour the later ones. latency_ms becomes the median of the rounds' medians (the
-    in-cell figure stays as latency_ms_in_cell), host_ms follows it."""
-    from torch._dynamo.utils import counters
-
-    graphs0 = counters["stats"]["unique_graphs"]
-    by_round = {key: [] for key in keep}
+    """Time the kept cells of one group again in rotation (common.rotate_timings): latency_ms becomes the median of
+    the rounds' medians (the in-cell figure stays as latency_ms_in_cell), host_ms follows it."""
     with torch.no_grad():  # as in the cell: grad mode is part of what the compiled code guards on
-        for _ in range(ROTATE_ROUNDS):
-            for key, (call, before) in keep.items():
-                by_round[key].append(common.median(common.wall_times(call, args.iters, device, before=before)) / 1e3)
-    if counters["stats"]["unique_graphs"] != graphs0:  # a kept cell compiled again: its rounds timed a compile
-        common.log("rotation: a kept cell recompiled; the in-cell timings stand")
-        return
-    for key, lat in by_round.items():
+        by_round = common.rotate_timings(keep, args.iters, device)
+    for key, lat in (by_round or {}).items():
         row = rows[key]
         row["latency_ms_in_cell"], row["latency_ms_by_round"] = row["latency_ms"], [round(x, 4) for x in lat]
         row["latency_ms"] = common.median(lat)
@@ -357,7 +341,7 @@ def main(argv=None) -> dict:
         keep: dict = {}
         group_rows: dict = {}
         common.reset_compile_state()
-        with torch._dynamo.config.patch(**{_RECOMPILE_LIMIT: max(64, getattr(torch._dynamo.config, _RECOMPILE_LIMIT))}):
+        with common.recompile_limit_patch():
             for key in sorted(cells, key=rotating):  # stable: the listed order within each kind
                 if not budget.fits(key[3]):
                     skipped.append(dict(zip(CELL, key), model=args.model))
@@ -377,7 +361,7 @@ def main(argv=None) -> dict:
                            + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
             if len(keep) > 1:
                 rotate(group_rows, keep, args, device)
-                for key in keep:
+                for key in (k for k in keep if "latency_ms_by_round" in group_rows[k]):
                     common.log(f"{args.model} {key[0]} {key[1]} B={key[2]} {key[3]:18s} rotated "
                                + " ".join(f"{x:.2f}" for x in group_rows[key]["latency_ms_by_round"]) + " ms", t0)
                 save()

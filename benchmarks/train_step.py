@@ -39,9 +39,14 @@ Every row records its "model"; rows of different models are never compared (summ
 keys include it), and rows without one (files written before --model) are read as "vit-b".
 Measurements per (model, dtype, batch, impl) cell:
   ms/step   median over --steps steps after --warmup warm-up steps (the first compiles), CUDA events around the
-            step (no L2 flush: a step is ~50 ms, far beyond what L2 state can change);
-  peak MiB  torch.cuda.max_memory_allocated() over the warm-up (after the first step) and timed steps, absolute
-            (parameters, gradients, optimizer state and activations together);
+            step (no L2 flush: a step is ~50 ms, far beyond what L2 state can change). Default-mode compiled cells
+            (not compiled autograd) are kept alive and timed again after the last cell of their dtype and batch,
+            3 rounds that each time every such cell in turn: their ms/step is the median of those rounds
+            (ms_per_step_by_round; the first timing stays as ms_per_step_in_cell), because the first build timed
+            in a process runs slower on the host (--no-rotate: the first timing only);
+  peak MiB  torch.cuda.max_memory_allocated() over the warm-up (after the first step) and timed steps
+            (parameters, gradients, optimizer state and activations together), less what was allocated when the
+            cell started (the cells kept alive before it);
   GPU busy  one more step under torch.profiler (CUPTI): the sum of its GPU records' durations (kernels, memcpy,
             memset) / the step's wall time on the GPU (from the end of a marker kernel launched right before the
             step to the start of one launched right after it): how much of the step the GPU worked, the rest
@@ -166,7 +171,10 @@ def make_optimizer(kind: str, model):
     return opt, torch.compile(opt.step, backend="inductor")
 
 
-def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
+def run_cell(name: str, batch: int, dtype: str, args, device, attn_re, keep: dict | None = None) -> dict:
+    """One cell: build, compile, warm up, time, profile. With `keep` (a dict), the cell's step stays alive in
+    keep[(name, batch, dtype)] for the group's timing rounds (rotate), and dynamo's state is left as it is: a reset
+    would drop the compiled code of the cells kept before it."""
     import contextlib
 
     from torch._dynamo.utils import counters
@@ -182,10 +190,14 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
            "gpu_ms": None, "host_ms": None,
            "attn_share": None, "step_span_ms": None, "loss": None, "fused": None}
     cuda = device.type == "cuda"
-    common.reset_compile_state()
+    if keep is None:
+        common.reset_compile_state()
+    else:
+        counters["samhq"].clear()
     common.set_precision("high")
     model = fn = net = opt_step = skips = None
     breaks0 = sum(counters["graph_break"].values())
+    base = torch.cuda.memory_allocated(device) if cuda else 0  # the cells kept alive before this one
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(impls.compiled_autograd(impl))
@@ -243,10 +255,12 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
             row["ms_per_step"] = common.median(times) / 1e3
             row["ms_all"] = [round(t / 1e3, 3) for t in times]
             if cuda:
-                row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+                row["peak_mib"] = round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
             if cuda and args.profile:
                 profile_step(row, step, zero, device, attn_re)
             row["status"] = "OK"
+            if keep is not None:
+                keep[(name, batch, dtype)] = (step, zero)
         except Exception as e:  # compile errors, OOM, ...: record and go on
             row["status"] = "ERROR"
             row["detail"] = f"{type(e).__name__}: {e}"[:2000]
@@ -255,9 +269,29 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re) -> dict:
     if impl.mode == impls.RO and skips is not None:
         row["cudagraph_skips"] = skips.count
         row["cudagraph_skip_reasons"] = skips.reasons[:4]
-    model = fn = net = opt_step = None  # free the cell's model before the next one (the closures hold these cells)
-    common.reset_compile_state()
+    if keep is None:  # free the cell's model before the next one (the closures hold these cells)
+        model = fn = net = opt_step = None  # noqa: F841
+        common.reset_compile_state()
     return row
+
+
+def rotate(rows: dict, keep: dict, args, device) -> None:
+    """Time the kept cells of one (dtype, batch) again in rotation (common.rotate_timings): ms_per_step becomes the
+    median of the rounds' medians (the in-cell figure stays as ms_per_step_in_cell), host_ms follows it."""
+    by_round = common.rotate_timings(keep, args.steps, device)
+    for key, ms in (by_round or {}).items():
+        row = rows[key]
+        row["ms_per_step_in_cell"], row["ms_per_step_by_round"] = row["ms_per_step"], [round(x, 3) for x in ms]
+        row["ms_per_step"] = common.median(ms)
+        if row.get("gpu_ms") is not None:
+            row["host_ms"] = round(max(0.0, row["ms_per_step"] - row["gpu_ms"]), 3)
+
+
+def rotating(name: str, args) -> bool:
+    """Whether a cell is timed again in rotation: the default-mode compiled cells, outside compiled autograd (whose
+    global switch belongs to its own cell)."""
+    impl = IMPLS[name]
+    return args.rotate and impl.backend is not None and impl.mode is None and not impl.compiled_autograd
 
 
 def profile_step(row: dict, step, zero, device, attn_re) -> None:
@@ -366,6 +400,9 @@ def parse_args(argv=None):
     common.add_run_args(ap, "train_step.json, train_step.png", profile="the profiled step (GPU-busy and attention shares)")
     ap.add_argument("--optimizer", default="adamw-fused", choices=OPTIMIZERS,
                     help="the step's optimizer (default adamw-fused: torch.optim.AdamW(fused=True))")
+    ap.add_argument("--no-rotate", dest="rotate", action="store_false",
+                    help="time each default-mode compiled cell once, right after its compile, instead of again in "
+                         "rotation with the others of its dtype and batch (rotate())")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: tiny config, batch 1, tf32, eager-eager + samhq-eager, 1 warm-up + 1 step")
     common.add_cell_args(ap, "dtype/batch/impl")
@@ -438,28 +475,44 @@ def main(argv=None) -> dict:
             common.log("bf16 autocast on CPU is not benchmarked; skipping", t0)
             continue
         for batch in args.batch:
-            for impl in args.impls:
-                if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
-                    continue
-                if not budget.fits(f"{impl}/{batch}"):
-                    skipped.append({"model": args.model, "impl": impl, "batch": batch, "dtype": dtype})
-                    continue
-                tcell = time.perf_counter()
-                row = run_cell(impl, batch, dtype, args, device, attn_re)
-                row["cell_s"] = round(time.perf_counter() - tcell, 2)
-                row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
-                budget.record(f"{impl}/{batch}", row["cell_s"])
-                rows.append(row)
-                save()
-                common.log(f"{args.model} {dtype} B={batch} {impl:15s} {row['status']:5s} "
-                           f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
-                           f"host {common.fmt(row['host_ms'], '.2f')} ms  "
-                           f"busy {common.fmt(None if row['gpu_busy'] is None else 100 * row['gpu_busy'])}%  "
-                           f"peak {common.fmt(row['peak_mib']):>8s} MiB  "
-                           f"attn {common.fmt(None if row['attn_share'] is None else 100 * row['attn_share'])}%  "
-                           f"compile {common.fmt(row['compile_s'])} s"
-                           + (f"  fused {row['fused']}" if row.get("fused") is not None else "")
-                           + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
+            # eager, reduce-overhead and compiled-autograd cells first, one at a time; then the default-mode compiled
+            # cells, kept alive and timed again in rotation (--rotate; rotate())
+            keep: dict = {}
+            group_rows: dict = {}
+            common.reset_compile_state()
+            with common.recompile_limit_patch():
+                for impl in sorted(args.impls, key=lambda i: rotating(i, args)):  # stable within each kind
+                    if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
+                        continue
+                    if not budget.fits(f"{impl}/{batch}"):
+                        skipped.append({"model": args.model, "impl": impl, "batch": batch, "dtype": dtype})
+                        continue
+                    tcell = time.perf_counter()
+                    row = run_cell(impl, batch, dtype, args, device, attn_re, keep if rotating(impl, args) else None)
+                    row["cell_s"] = round(time.perf_counter() - tcell, 2)
+                    row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
+                    budget.record(f"{impl}/{batch}", row["cell_s"])
+                    rows.append(row)
+                    group_rows[(impl, batch, dtype)] = row
+                    save()
+                    common.log(f"{args.model} {dtype} B={batch} {impl:15s} {row['status']:5s} "
+                               f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
+                               f"host {common.fmt(row['host_ms'], '.2f')} ms  "
+                               f"busy {common.fmt(None if row['gpu_busy'] is None else 100 * row['gpu_busy'])}%  "
+                               f"peak {common.fmt(row['peak_mib']):>8s} MiB  "
+                               f"attn {common.fmt(None if row['attn_share'] is None else 100 * row['attn_share'])}%  "
+                               f"compile {common.fmt(row['compile_s'])} s"
+                               + (f"  fused {row['fused']}" if row.get("fused") is not None else "")
+                               + (f"  [{row['detail'][:100]}]" if row["detail"] else ""), t0)
+                if len(keep) > 1:
+                    rotate(group_rows, keep, args, device)
+                    for key in (k for k in keep if "ms_per_step_by_round" in group_rows[k]):
+                        common.log(f"{args.model} {dtype} B={batch} {key[0]:15s} rotated "
+                                   + " ".join(f"{x:.2f}" for x in group_rows[key]["ms_per_step_by_round"])
+                                   + " ms/step", t0)
+                    save()
+            keep.clear()
+            common.reset_compile_state()
 
     payload = save()
     if args.chart:

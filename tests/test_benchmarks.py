@@ -346,6 +346,24 @@ def test_train_step_cells_parse():
     assert d.optimizer == "adamw-fused" and not any("-ca" in i for i in d.impls)
 
 
+@pytest.mark.slow
+def test_train_step_rotates_the_default_mode_compiled_cells(tmp_path):
+    # default-mode compiled cells are timed again in rotation after the last cell of their dtype and batch; the
+    # eager baseline is not, nor a compiled-autograd cell (its global switch is its own cell's)
+    import train_step
+
+    pytest.importorskip("transformers")
+    p = train_step.main(["--quick", "--impls", "eager-eager,inductor-eager,samhq-eager", "--steps", "2",
+                         "--no-chart", "--out", str(tmp_path)])
+    rows = {r["impl"]: r for r in p["results"]}
+    assert all(r["status"] == "OK" for r in rows.values()) and rows["samhq-eager"]["fused"] == 2
+    assert "ms_per_step_by_round" not in rows["eager-eager"]
+    for name in ("inductor-eager", "samhq-eager"):
+        r = rows[name]
+        assert len(r["ms_per_step_by_round"]) == common.ROTATE_ROUNDS and r["ms_per_step_in_cell"] > 0
+        assert r["ms_per_step"] == pytest.approx(sorted(r["ms_per_step_by_round"])[1], rel=1e-2)  # median of 3
+
+
 # ------------------------------------------------------------------------------------------- inference
 @pytest.mark.slow
 def test_inference_quick(tmp_path, capsys):
@@ -394,7 +412,7 @@ def test_inference_rotates_the_default_mode_compiled_cells(tmp_path):
     assert "latency_ms_by_round" not in rows["eager-eager"]
     for name in ("inductor", "samhq-eager"):
         r = rows[name]
-        assert len(r["latency_ms_by_round"]) == inference.ROTATE_ROUNDS and r["latency_ms_in_cell"] > 0
+        assert len(r["latency_ms_by_round"]) == common.ROTATE_ROUNDS and r["latency_ms_in_cell"] > 0
         assert r["latency_ms"] == pytest.approx(sorted(r["latency_ms_by_round"])[1], rel=1e-3)  # median of 3
     p = inference.main(["--quick", "--impls", "inductor,samhq-eager", "--no-rotate", "--no-chart",
                         "--out", str(tmp_path)])
