@@ -346,6 +346,13 @@ def test_train_step_cells_parse():
     assert d.optimizer == "adamw-fused" and not any("-ca" in i for i in d.impls)
 
 
+def _assert_rotated(row: dict, field: str) -> None:
+    # a rotated cell: ROTATE_ROUNDS round medians, the in-cell timing kept beside them, the figure their median
+    rounds = row[f"{field}_by_round"]
+    assert len(rounds) == common.ROTATE_ROUNDS and row[f"{field}_in_cell"] > 0
+    assert row[field] == pytest.approx(sorted(rounds)[1], rel=1e-2)
+
+
 @pytest.mark.slow
 def test_train_step_rotates_the_default_mode_compiled_cells(tmp_path):
     # default-mode compiled cells are timed again in rotation after the last cell of their dtype and batch; the
@@ -359,9 +366,7 @@ def test_train_step_rotates_the_default_mode_compiled_cells(tmp_path):
     assert all(r["status"] == "OK" for r in rows.values()) and rows["samhq-eager"]["fused"] == 2
     assert "ms_per_step_by_round" not in rows["eager-eager"]
     for name in ("inductor-eager", "samhq-eager"):
-        r = rows[name]
-        assert len(r["ms_per_step_by_round"]) == common.ROTATE_ROUNDS and r["ms_per_step_in_cell"] > 0
-        assert r["ms_per_step"] == pytest.approx(sorted(r["ms_per_step_by_round"])[1], rel=1e-2)  # median of 3
+        _assert_rotated(rows[name], "ms_per_step")
 
 
 # ------------------------------------------------------------------------------------------- inference
@@ -411,9 +416,7 @@ def test_inference_rotates_the_default_mode_compiled_cells(tmp_path):
     assert all(r["status"] == "OK" for r in rows.values()) and rows["samhq-eager"]["fused"] == 2
     assert "latency_ms_by_round" not in rows["eager-eager"]
     for name in ("inductor", "samhq-eager"):
-        r = rows[name]
-        assert len(r["latency_ms_by_round"]) == common.ROTATE_ROUNDS and r["latency_ms_in_cell"] > 0
-        assert r["latency_ms"] == pytest.approx(sorted(r["latency_ms_by_round"])[1], rel=1e-3)  # median of 3
+        _assert_rotated(rows[name], "latency_ms")
     p = inference.main(["--quick", "--impls", "inductor,samhq-eager", "--no-rotate", "--no-chart",
                         "--out", str(tmp_path)])
     assert not any("latency_ms_by_round" in r for r in p["results"])

@@ -99,51 +99,47 @@ def test_triton_op_variant_matches_float64(no_fallback):
         torch.set_float32_matmul_precision("highest")
 
 
+def _bf16_step_against_float64(model, f, grad_names):
+    """One bf16-autocast forward + backward through `f` against the float64 model: the output and the gradients
+    of `grad_names` (under vision_encoder.)."""
+    x = torch.randn(2, 3, 128, 128, device="cuda")
+    w = torch.randn(2, 32, 16, 16, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        out, grads = _run(model, f, x, w)
+    model64 = model.double()
+    ref, ref_grads = _run(model64, model64, x.double(), w.double())
+    assert rel_err(out, ref) < 5e-2
+    for name in grad_names:
+        assert rel_err(grads["vision_encoder." + name], ref_grads["vision_encoder." + name]) < 1e-1, name
+
+
 @pytest.mark.parametrize("head_dim", [64, 80])
 def test_fused_kernels_go_through_the_static_launcher(head_dim, no_fallback):
     # samhq.static_launch: Inductor launches the triton_op registration's kernels with its static launcher. In
     # strict mode a kernel it cannot launch that way is an error instead of a silent fall back to Triton's Python
     # launcher; head dim 80 runs as two chunks (64 + 16). compile_threads=1 compiles in this process, where the
-    # config patch applies (compile workers take the option from their environment, backend.py). bf16 autocast,
-    # forward + backward, against float64.
+    # config patch applies (compile workers take the option from their environment, backend.py).
     from torch._inductor import config as inductor_config
 
     if not hasattr(inductor_config, "strict_static_triton_launcher"):
         pytest.skip("this torch has no strict static launcher mode")
     fresh_compile_state()
     model = _model("eager", head_dim)
-    x = torch.randn(2, 3, 128, 128, device="cuda")
-    w = torch.randn(2, 32, 16, 16, device="cuda")
     with inductor_config.patch(strict_static_triton_launcher=True, compile_threads=1):
         f = torch.compile(model, backend="samhq", options={"samhq.static_launch": True})
-        with torch.autocast("cuda", torch.bfloat16):
-            out, grads = _run(model, f, x, w)
+        _bf16_step_against_float64(model, f, ("layers.0.attn.rel_pos_h", "layers.1.attn.rel_pos_w",
+                                              "layers.1.attn.qkv.weight"))
     assert counters["samhq"]["fused"] == 2
-    model64 = model.double()
-    ref, ref_grads = _run(model64, model64, x.double(), w.double())
-    assert rel_err(out, ref) < 5e-2
-    for name in ("layers.0.attn.rel_pos_h", "layers.1.attn.rel_pos_w", "layers.1.attn.qkv.weight"):
-        name = "vision_encoder." + name
-        assert rel_err(grads[name], ref_grads[name]) < 1e-1, name
 
 
 def test_padded_rel_einsums_match_float64(no_fallback):
-    # samhq.pad_rel_einsum: the window layer's rel-pos einsums (key axis 7) run with a key axis of 8; bf16 autocast,
-    # forward + backward, against float64
+    # samhq.pad_rel_einsum: the window layer's rel-pos einsums (key axis 7) run with a key axis of 8
     fresh_compile_state()
     model = _model("eager")
-    x = torch.randn(2, 3, 128, 128, device="cuda")
-    w = torch.randn(2, 32, 16, 16, device="cuda")
     f = torch.compile(model, backend="samhq", options={"samhq.pad_rel_einsum": True})
-    with torch.autocast("cuda", torch.bfloat16):
-        out, grads = _run(model, f, x, w)
+    _bf16_step_against_float64(model, f, ("layers.0.attn.rel_pos_h", "layers.0.attn.rel_pos_w",
+                                          "layers.0.attn.qkv.weight"))
     assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 2
-    model64 = model.double()
-    ref, ref_grads = _run(model64, model64, x.double(), w.double())
-    assert rel_err(out, ref) < 5e-2
-    for name in ("layers.0.attn.rel_pos_h", "layers.0.attn.rel_pos_w", "layers.0.attn.qkv.weight"):
-        name = "vision_encoder." + name
-        assert rel_err(grads[name], ref_grads[name]) < 1e-1, name
 
 
 def test_triton_op_auto_across_image_sizes_matches_float64(no_fallback):
