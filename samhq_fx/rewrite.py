@@ -201,9 +201,13 @@ class RelPosAttentionPass(CustomGraphPass):
                 if self.pad_rel_einsum:
                     for einsum in rel_term_einsums(fused_node):
                         k = key_axis_to_pad(einsum)
-                        if k is not None:
+                        if k is None:
+                            continue
+                        try:  # an optimisation only: a term it cannot rewrite stays as the model wrote it
                             pad_rel_einsum(graph, einsum, k)
                             padded += 1
+                        except Exception as e:  # noqa: BLE001
+                            log.warning("samhq_fx: left %s unpadded: %s: %s", einsum.name, type(e).__name__, e)
         graph.lint()
         counters["samhq"]["padded_einsums"] += padded
         fused = sum(c.match is not None for c in candidates)

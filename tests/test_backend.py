@@ -247,6 +247,25 @@ def test_pad_rel_einsum_pads_only_unaligned_key_axes_and_keeps_the_values(family
     assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 0
 
 
+def test_pad_rel_einsum_that_fails_leaves_the_term_as_written(monkeypatch, caplog):
+    # the padding is an optimisation: a term it cannot rewrite is left unpadded with a warning, the attention still
+    # fused, the output eager's
+    import samhq_fx.rewrite as rewrite
+
+    def broken(graph, einsum, k):
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(rewrite, "pad_rel_einsum", broken)
+    fresh_compile_state()
+    model = _vision_model("sam_hq", "eager")
+    x = torch.randn(1, 3, 32, 32)
+    with caplog.at_level(logging.WARNING, logger="samhq_fx"):
+        out = torch.compile(model, backend="samhq", options={**FAST, "samhq.pad_rel_einsum": True})(x)
+    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 0
+    assert "unpadded: RuntimeError: no" in caplog.text
+    assert rel_err(out.last_hidden_state, model(x).last_hidden_state) < 1e-5
+
+
 def test_output_attentions_is_left_alone():
     fresh_compile_state()
     model = _vision_model("sam_hq", "eager")
