@@ -86,12 +86,11 @@ def _env_defaults() -> dict[str, Any]:
     host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
     if host_indices is not None:
         env["samhq.host_indices"] = host_indices
-    pad_rel_einsum = _env_switch("SAMHQ_FX_PAD_REL_EINSUM")
-    if pad_rel_einsum is not None:
-        env["samhq.pad_rel_einsum"] = pad_rel_einsum
-    static_launch = _env_switch("SAMHQ_FX_STATIC_LAUNCH")
-    if static_launch is not None:
-        env["samhq.static_launch"] = static_launch
+    for key, name in (("samhq.pad_rel_einsum", "SAMHQ_FX_PAD_REL_EINSUM"),
+                      ("samhq.static_launch", "SAMHQ_FX_STATIC_LAUNCH")):
+        switch = _env_switch(name)
+        if switch is not None:
+            env[key] = switch
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
