@@ -40,9 +40,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
+    "samhq-pad": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.pad_rel_einsum": True}),
     # compile_threads=1: the static-launch choice is made where a kernel compiles, and compile workers do not see
     # the config patch (samhq_fx/backend.py, launch_user_kernels_statically); in this process they do
-    "samhq-pad": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.pad_rel_einsum": True}),
     "samhq-static": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": True, "compile_threads": 1}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
     "inductor-eager": ("eager", "inductor", None),
