@@ -6,10 +6,10 @@ and cuBLAS leaves its Hopper kernels for an sm80 WMMA GEMM (`cutlass_80_wmma_ten
 tiles): 869 us of a ViT-B bf16 batch-1 training step on the H200 (benchmarks/NOTES.md, kernels). A key axis padded
 to a multiple of 8 gives 16-byte rows.
 
-Found from the fused op back: its rel_h / rel_w arguments, through the view-like nodes the rewrite and the model
-put between (getitem, squeeze, flatten, reshape, sums of terms), to an einsum of two operands whose second is
-[x, k, c]: x a batch label of the first operand and of the output, c contracted, k the output's last label and
-nothing else's. Any other spelling of the term is left as it is.
+Found from the rel-term leaves the matcher gives (Match.rel_h / rel_w), through the view-like nodes the model
+puts between (HF: `rel_h[:, :, :, :, None]`), to an einsum of two operands whose second is [x, k, c]: x a batch
+label of the first operand and of the output, c contracted, k the output's last label and nothing else's. Any
+other spelling of the term is left as it is.
 """
 
 from __future__ import annotations
@@ -22,25 +22,22 @@ from torch.fx import Node
 from .fx_utils import is_static, value
 
 _EINSUMS = (torch.einsum, torch.functional.einsum)
-_VIEW_FUNCTIONS = (operator.getitem, operator.add, torch.squeeze, torch.flatten, torch.reshape, torch.unsqueeze)
-_VIEW_METHODS = ("squeeze", "flatten", "unsqueeze", "reshape", "view", "contiguous", "to", "add", "__add__")
+_VIEW_FUNCTIONS = (operator.getitem, torch.squeeze, torch.flatten, torch.reshape, torch.unsqueeze)
+_VIEW_METHODS = ("squeeze", "flatten", "unsqueeze", "reshape", "view", "contiguous", "to")
 ALIGN = 8  # elements: 16-byte rows in bf16 / fp16, 32-byte in fp32
 
 
-def rel_term_einsums(fused: Node) -> list[Node]:
-    """The einsum nodes that compute `fused`'s rel_h and rel_w arguments (args 3 and 4)."""
-    found, seen, todo = [], set(), [fused.args[3], fused.args[4]]
-    while todo:
-        node = todo.pop()
-        if not isinstance(node, Node) or node in seen:
-            continue
-        seen.add(node)
+def rel_term_einsum(leaf: Node) -> Node | None:
+    """The einsum whose value the rel-term leaf is, through view-like nodes (their first argument), or None."""
+    node = leaf
+    while isinstance(node, Node):
         if node.op == "call_function" and node.target in _EINSUMS:
-            found.append(node)
-        elif (node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or (
-                node.op == "call_method" and node.target in _VIEW_METHODS):
-            todo.extend(a for a in node.args if isinstance(a, Node))
-    return found
+            return node
+        if not ((node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or (
+                node.op == "call_method" and node.target in _VIEW_METHODS)):
+            return None
+        node = node.args[0] if node.args else None
+    return None
 
 
 def key_axis_to_pad(einsum: Node) -> int | None:

@@ -21,7 +21,7 @@ from torch.fx import Graph, Node
 
 from . import op  # registers torch.ops.samhq.*
 from .patterns.fx_utils import is_static, shape, value
-from .patterns.rel_einsum import ALIGN, key_axis_to_pad, rel_term_einsums
+from .patterns.rel_einsum import ALIGN, key_axis_to_pad, rel_term_einsum
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
 
@@ -197,10 +197,11 @@ class RelPosAttentionPass(CustomGraphPass):
         padded = 0
         for cand in candidates:
             if cand.match is not None:
-                fused_node = apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
+                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
                 if self.pad_rel_einsum:
-                    for einsum in rel_term_einsums(fused_node):
-                        k = key_axis_to_pad(einsum)
+                    for term in cand.match.rel_h + cand.match.rel_w:
+                        einsum = rel_term_einsum(term.node)
+                        k = key_axis_to_pad(einsum) if einsum is not None else None
                         if k is None:
                             continue
                         try:  # an optimisation only: a term it cannot rewrite stays as the model wrote it
