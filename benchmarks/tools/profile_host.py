@@ -1,13 +1,13 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
 For each build (samhq with the triton_op registration; the same with samhq.pad_rel_einsum; the same with its
-kernels on Inductor's static launcher, samhq.static_launch; samhq with the opaque op; Inductor on HF's "eager"
-and "sdpa" attention classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled
-first, in one process:
-  wall      median over --rounds rounds of the median of --iters calls, each call synchronized (perf_counter
-            around call + sync); each round times every build in turn;
+kernels on Triton's launcher instead of Inductor's static one, samhq.static_launch off; samhq with the opaque op;
+samhq and Inductor with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention
+classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
+  wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
+            builds' calls interleaved one by one; also the median of each round of --iters calls;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
-            launches per call, and GPU busy = GPU / wall;
+            launches per call, and GPU busy = GPU / wall (the unprofiled wall above);
   host ops  the same profile's CPU side: the top ops by self CPU time per call (custom ops, aten, Triton
             launches appear as cudaLaunchKernel / cuLaunchKernelEx);
   python    cProfile over --iters calls: the top functions by cumulative and by own time per call.
@@ -41,12 +41,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
     "samhq-pad": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.pad_rel_einsum": True}),
-    # compile_threads=1: the static-launch choice is made where a kernel compiles, and compile workers do not see
-    # the config patch (samhq_fx/backend.py, launch_user_kernels_statically); in this process they do
-    "samhq-static": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": True, "compile_threads": 1}),
+    # the fused op's kernels through Triton's Python launcher instead of Inductor's static one. Compiled in this
+    # process (compile_threads=1) with the option off explicitly: compile workers read it from the environment,
+    # where an earlier samhq build in the process has set it (samhq_fx/backend.py, launch_user_kernels_statically;
+    # an A/B without this launched both builds' kernels statically, H200 2026-12-02)
+    "samhq-triton-launcher": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.static_launch": False,
+                                                 "static_launch_user_defined_triton_kernels": False,
+                                                 "compile_threads": 1}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
+    # Inductor's C++ wrapper: the graph's launches issued from C++ instead of its Python wrapper
+    "samhq-cpp": ("eager", "samhq", {"samhq.triton_op": "auto", "cpp_wrapper": True}),
     "inductor-eager": ("eager", "inductor", None),
     "inductor-sdpa": ("sdpa", "inductor", None),
+    "inductor-sdpa-cpp": ("sdpa", "inductor", {"cpp_wrapper": True}),
 }
 
 
@@ -85,26 +92,21 @@ def make_call(enc, what: str, dtype: str, batch: int, device):
     return infer if what == "infer" else train
 
 
-def walls(call, iters: int) -> list[float]:
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
-
-
-def issue_times(call, iters: int) -> list[float]:
-    """Host time to issue one call: from an idle GPU to the call's return, with no sync after it (the GPU runs
-    behind; for a host-bound call this is its wall time, for a GPU-bound one the host's share)."""
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        call()
-        out.append((time.perf_counter() - t) * 1e3)
+def interleaved_walls(calls: dict, n: int, sync_after: bool = True) -> dict[str, list[float]]:
+    """n calls of every build from an idle GPU, one call of each in turn (the order rotated every turn): a host
+    whose speed drifts over seconds (lent machines do, by up to 1.7x between rounds of 20 calls) slows every build
+    alike, where timing build after build would charge the drift to whichever build ran then. sync_after=False
+    times only the issue: the host's time to the call's return, the GPU running behind."""
+    names = list(calls)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(n):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            calls[name]()
+            if sync_after:
+                torch.cuda.synchronize()
+            out[name].append((time.perf_counter() - t) * 1e3)
     torch.cuda.synchronize()
     return out
 
@@ -241,7 +243,8 @@ def main():
     ap.add_argument("--what", default="infer", choices=("infer", "train"))
     ap.add_argument("--builds", default=",".join(BUILDS))
     ap.add_argument("--iters", type=int, default=20, help="synchronized calls per timing round")
-    ap.add_argument("--rounds", type=int, default=3, help="timing rounds, each timing every build in turn")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds of --iters calls per build, the builds' calls interleaved one by one")
     ap.add_argument("--out", default=".")
     ap.add_argument("--pieces", action="store_true", help="also time the fused op's pieces")
     args = ap.parse_args()
@@ -277,16 +280,19 @@ def main():
         with open(path, "w") as f:  # compiles so far, in case the run is cut before the timings
             json.dump(result, f, indent=1, default=str)
         print(f"{name:22s} compiled in {row['compile_s']:.0f} s, fused {row['fused']}", flush=True)
-    rounds = {name: [] for name in names}
-    for _ in range(args.rounds):
-        for name in names:
-            rounds[name].append(statistics.median(walls(built[name][1], args.iters)))
+    calls = {name: built[name][1] for name in names}
+    timed = interleaved_walls(calls, args.rounds * args.iters)
+    issued = interleaved_walls(calls, args.iters, sync_after=False)
     for name in names:
         enc, call, row = built[name]
-        w = rounds[name]
-        row.update(wall_ms=statistics.median(w), wall_ms_by_round=w,
-                   issue_ms=statistics.median(issue_times(call, args.iters)))
+        all_w = timed[name]
+        w = [statistics.median(all_w[i:i + args.iters]) for i in range(0, len(all_w), args.iters)]
+        row.update(wall_ms=statistics.median(all_w), wall_ms_by_round=w,
+                   wall_ms_quartiles=statistics.quantiles(all_w, n=4),
+                   issue_ms=statistics.median(issued[name]))
         row.update(gpu_profile(call))
+        # busy against the unprofiled wall: the profiler's own host work slows a host-bound call
+        row["gpu_busy_profiled"], row["gpu_busy"] = row["gpu_busy"], row["gpu_ms"] / row["wall_ms"]
         row["host_ms"] = row["wall_ms"] - row["gpu_ms"]
         row["python"] = py_profile(call, args.iters)
         result["builds"][name] = row
