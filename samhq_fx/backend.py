@@ -41,10 +41,10 @@ samhq's own options (keys of `options`, or environment variables):
                                             rel-pos terms to a multiple of 8 (SAM's 14x14 windows: 14 -> 16),
                                             meant to keep cuBLAS on its Hopper GEMMs instead of an sm80 WMMA one
                                             (SAMHQ_FX_PAD_REL_EINSUM=1). Off until timed on a GPU
-    samhq.static_launch bool, default False Inductor launches the fused op's kernels (triton_op registration)
-                                            with its static CUDA launcher, as it launches its own
-                                            (SAMHQ_FX_STATIC_LAUNCH=1). Off until timed on a GPU; it reaches
-                                            compile workers started after the first samhq compile only
+    samhq.static_launch bool, default True  Inductor launches the fused op's kernels (triton_op registration)
+                                            with its static CUDA launcher, as it launches its own, instead of
+                                            Triton's Python launcher (SAMHQ_FX_STATIC_LAUNCH=0 turns it off). It
+                                            reaches compile workers started after the first samhq compile only
                                             (launch_user_kernels_statically)
 All other keys are Inductor config options, passed through unchanged; one that contradicts the mode's own
 setting (e.g. "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override.
@@ -62,7 +62,7 @@ from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
                  "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True,
-                 "samhq.static_launch": False, "samhq.pad_rel_einsum": False}
+                 "samhq.static_launch": True, "samhq.pad_rel_einsum": False}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -212,7 +212,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
             rewrite(module.graph)
             module.recompile()
         patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
-        if ours["samhq.static_launch"]:
+        if ours["samhq.static_launch"] and triton_op:  # the opaque op launches its kernels itself
             launch_user_kernels_statically(patches)
     if not ours["samhq.inductor"]:
         from torch._dynamo.backends.debugging import aot_eager

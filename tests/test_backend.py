@@ -134,7 +134,14 @@ def test_mode_errors_name_what_conflicts(monkeypatch):
     assert seen["max_autotune"] is True and "triton.cudagraphs" not in seen
     seen.clear()
     samhq_backend(gm, x, options={"samhq.mode": "default", "epilogue_fusion": False})
-    assert seen.keys() == {"epilogue_fusion", "pre_grad_custom_pass"}  # samhq.static_launch is off by default
+    from torch._inductor import config as inductor_config
+
+    static = {"static_launch_user_defined_triton_kernels"} if hasattr(
+        inductor_config, "static_launch_user_defined_triton_kernels") else set()  # samhq.static_launch, torch >= 2.8
+    assert seen.keys() == {"epilogue_fusion", "pre_grad_custom_pass"} | static
+    seen.clear()
+    samhq_backend(gm, x, options={"samhq.triton_op": False})  # the opaque op launches its own kernels
+    assert "static_launch_user_defined_triton_kernels" not in seen
 
 
 def test_readme_never_passes_mode_with_options():
