@@ -37,10 +37,6 @@ samhq's own options (keys of `options`, or environment variables):
     samhq.inductor     bool, default True   False: run the rewritten graph with aot_eager instead of
                                             Inductor (debugging: is a difference the rewrite's or
                                             Inductor's?; also compiles in a fraction of the time)
-    samhq.pad_rel_einsum bool, default False pad the key axis of the einsums that make a fused attention's
-                                            rel-pos terms to a multiple of 8 (SAM's 14x14 windows: 14 -> 16),
-                                            meant to keep cuBLAS on its Hopper GEMMs instead of an sm80 WMMA one
-                                            (SAMHQ_FX_PAD_REL_EINSUM=1). Off until timed on a GPU
     samhq.static_launch bool, default True  Inductor launches the fused op's kernels (triton_op registration)
                                             with its static CUDA launcher, as it launches its own, instead of
                                             Triton's Python launcher (SAMHQ_FX_STATIC_LAUNCH=0 turns it off). It
@@ -62,7 +58,7 @@ from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
                  "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True,
-                 "samhq.static_launch": True, "samhq.pad_rel_einsum": False}
+                 "samhq.static_launch": True}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -86,11 +82,9 @@ def _env_defaults() -> dict[str, Any]:
     host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
     if host_indices is not None:
         env["samhq.host_indices"] = host_indices
-    for key, name in (("samhq.pad_rel_einsum", "SAMHQ_FX_PAD_REL_EINSUM"),
-                      ("samhq.static_launch", "SAMHQ_FX_STATIC_LAUNCH")):
-        switch = _env_switch(name)
-        if switch is not None:
-            env[key] = switch
+    static_launch = _env_switch("SAMHQ_FX_STATIC_LAUNCH")
+    if static_launch is not None:
+        env["samhq.static_launch"] = static_launch
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
@@ -206,8 +200,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         if patches.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
         triton_op = resolve_triton_op(ours["samhq.triton_op"], patches)
-        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op,
-                                      ours["samhq.pad_rel_einsum"])
+        rewrite = RelPosAttentionPass(ours["samhq.min_seq_len"], ours["samhq.dump_dir"], triton_op)
         for module in graphs:  # activation-checkpoint regions and other HOP bodies included
             rewrite(module.graph)
             module.recompile()

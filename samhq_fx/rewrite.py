@@ -21,7 +21,6 @@ from torch.fx import Graph, Node
 
 from . import op  # registers torch.ops.samhq.*
 from .patterns.fx_utils import is_static, shape, value
-from .patterns.rel_einsum import ALIGN, key_axis_to_pad, rel_term_einsum
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
 
@@ -145,19 +144,6 @@ def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attenti
     return fused
 
 
-def pad_rel_einsum(graph: Graph, einsum: Node, k: int) -> None:
-    """einsum(eq, q, R) -> einsum(eq, q, pad(R along k to a multiple of ALIGN))[..., :k], in place: the same values
-    (the padded rows are zeros and only widen the output), 16-byte output rows (patterns/rel_einsum.py). Autograd
-    then pads the term's gradient with zeros the same way."""
-    em = _Emitter(graph, einsum, value(einsum.args[1]).fake_mode)
-    eq, q, r = einsum.args
-    r_pad = em.function(torch.nn.functional.pad, r, (0, 0, 0, -k % ALIGN))
-    wide = em.function(einsum.target, eq, q, r_pad)
-    term = em.function(operator.getitem, wide, (Ellipsis, slice(0, k)))
-    einsum.replace_all_uses_with(term)
-    graph.erase_node(einsum)
-
-
 def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
     # Only the nodes this match made dead; never a global DCE (the graph may hold side effects).
     changed = True
@@ -173,11 +159,9 @@ def _erase_dead(graph: Graph, nodes: set[Node]) -> None:
 class RelPosAttentionPass(CustomGraphPass):
     """Inductor pre-grad pass: fuse every rel-pos attention of the graph it is given."""
 
-    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False,
-                 pad_rel_einsum: bool = False):
+    def __init__(self, min_seq_len: int = 1, dump_dir: str | None = None, triton_op: bool | str = False):
         self.min_seq_len = int(min_seq_len)
         self.dump_dir = dump_dir
-        self.pad_rel_einsum = bool(pad_rel_einsum)  # pad the fused terms' einsums (patterns/rel_einsum.py)
         # which registration of the op (op.py) to emit: False the opaque op, True the triton_op one,
         # "auto" the triton_op one for static key grids on devices the kernels are verified for, else opaque
         self.triton_op = "auto" if triton_op == "auto" else bool(triton_op)
@@ -194,23 +178,10 @@ class RelPosAttentionPass(CustomGraphPass):
         # Inductor compiles the triton_op's kernels with the grid as a constant: static grids only.
         dynamic_grid = op.fused_op(self.triton_op is True) is torch.ops.samhq.rel_pos_attention.default
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
-        padded = 0
         for cand in candidates:
             if cand.match is not None:
                 apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
-                if self.pad_rel_einsum:
-                    for term in cand.match.rel_h + cand.match.rel_w:
-                        einsum = rel_term_einsum(term.node)
-                        k = key_axis_to_pad(einsum) if einsum is not None else None
-                        if k is None:
-                            continue
-                        try:  # an optimisation only: a term it cannot rewrite stays as the model wrote it
-                            pad_rel_einsum(graph, einsum, k)
-                            padded += 1
-                        except Exception as e:  # noqa: BLE001
-                            log.warning("samhq_fx: left %s unpadded: %s: %s", einsum.name, type(e).__name__, e)
         graph.lint()
-        counters["samhq"]["padded_einsums"] += padded
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
         counters["samhq"]["skipped"] += len(candidates) - fused
@@ -232,5 +203,5 @@ class RelPosAttentionPass(CustomGraphPass):
 
     def uuid(self) -> bytes:
         return get_hash_for_files(_source_files()) + (
-            f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}|pad_rel_einsum={self.pad_rel_einsum}"
+            f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}"
             f"|{kernel_switches()}").encode()

@@ -232,47 +232,6 @@ def test_hf_vision_model_matches_eager(family, impl, options):
     assert any("rel_pos_h" in n for n in grads)
 
 
-@pytest.mark.parametrize("family", ["sam_hq", "sam"])
-def test_pad_rel_einsum_pads_only_unaligned_key_axes_and_keeps_the_values(family, tmp_path):
-    # samhq.pad_rel_einsum: the 3x3 window layer's two rel-pos einsums (key axis 3) get a key axis of 8, the 8x8
-    # global layer's (already 8) are left alone; outputs and every gradient as eager's
-    fresh_compile_state()
-    model = _vision_model(family, "eager")
-    x = torch.randn(2, 3, 32, 32)
-    ref, ref_grads = _loss_and_grads(model, model, x)
-    options = {**FAST, "samhq.pad_rel_einsum": True, "samhq.dump_dir": str(tmp_path)}
-    out, grads = _loss_and_grads(model, torch.compile(model, backend="samhq", options=options), x)
-    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 2
-    after = (tmp_path / "graph_1_after.py").read_text()
-    assert after.count("torch.nn.functional.pad(") == 2 and after.count("torch.functional.einsum(") == 4
-    assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5
-    assert grads.keys() == ref_grads.keys()
-    for name, g in grads.items():
-        assert rel_err(g, ref_grads[name]) < 1e-4, name
-    fresh_compile_state()  # off by default
-    torch.compile(model, backend="samhq", options=FAST)(x)
-    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 0
-
-
-def test_pad_rel_einsum_that_fails_leaves_the_term_as_written(monkeypatch, caplog):
-    # the padding is an optimisation: a term it cannot rewrite is left unpadded with a warning, the attention still
-    # fused, the output eager's
-    import samhq_fx.rewrite as rewrite
-
-    def broken(graph, einsum, k):
-        raise RuntimeError("no")
-
-    monkeypatch.setattr(rewrite, "pad_rel_einsum", broken)
-    fresh_compile_state()
-    model = _vision_model("sam_hq", "eager")
-    x = torch.randn(1, 3, 32, 32)
-    with caplog.at_level(logging.WARNING, logger="samhq_fx"):
-        out = torch.compile(model, backend="samhq", options={**FAST, "samhq.pad_rel_einsum": True})(x)
-    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 0
-    assert "unpadded: RuntimeError: no" in caplog.text
-    assert rel_err(out.last_hidden_state, model(x).last_hidden_state) < 1e-5
-
-
 def test_output_attentions_is_left_alone():
     fresh_compile_state()
     model = _vision_model("sam_hq", "eager")

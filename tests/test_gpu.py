@@ -172,16 +172,6 @@ def test_cpp_wrapper_inference_matches_float64(head_dim, no_fallback):
     assert counters["samhq"]["fused"] == 2
 
 
-def test_padded_rel_einsums_match_float64(no_fallback):
-    # samhq.pad_rel_einsum: the window layer's rel-pos einsums (key axis 7) run with a key axis of 8
-    fresh_compile_state()
-    model = _model("eager")
-    f = torch.compile(model, backend="samhq", options={"samhq.pad_rel_einsum": True})
-    _bf16_step_against_float64(model, f, ("layers.0.attn.rel_pos_h", "layers.0.attn.rel_pos_w",
-                                          "layers.0.attn.qkv.weight"))
-    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["padded_einsums"] == 2
-
-
 def test_triton_op_auto_across_image_sizes_matches_float64(no_fallback):
     # "auto": Inductor-launched kernels for the static first size, the opaque op once sizes are symbolic
     fresh_compile_state()

@@ -147,28 +147,3 @@ def test_min_seq_len_option_leaves_short_attention_alone():
     out = torch.compile(hf_eager, backend="samhq", options={"samhq.min_seq_len": N + 1})(*inputs())
     assert counters["samhq"]["fused"] == 0 and counters["samhq"]["skipped"] == 1
     assert rel_err(out, hf_eager(*inputs())) < 1e-5
-
-
-@pytest.mark.parametrize("eq,r_shape,expect", [
-    ("bhwc,hkc->bhwk", (5, 14, 8), 14),    # SAM's rel_h term, 14-wide key axis
-    ("bhwc,wkc->bhwk", (5, 3, 8), 3),      # rel_w
-    ("bhwc,hkc->bhwk", (5, 16, 8), None),  # already a multiple of 8
-    ("bhwc,hkc->bhkw", (5, 14, 8), None),  # key axis not last in the output
-    ("...c,hkc->...k", (5, 14, 8), None),  # ellipsis: not read
-    ("bhwc,kc->bhwk", (14, 8), None),      # no batch label on the table
-])
-def test_key_axis_to_pad_reads_only_rel_term_einsums(eq, r_shape, expect):
-    # samhq.pad_rel_einsum pads exactly the einsums that make a rel-pos term with a misaligned key axis
-    from samhq_fx.patterns.rel_einsum import key_axis_to_pad
-
-    fresh_compile_state()  # a size seen before would come back symbolic (automatic dynamic shapes), never padded
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm.graph)
-        return gm.forward
-
-    q = torch.randn(2, 5, 5, 8)
-    torch.compile(lambda a, b: torch.einsum(eq, a, b), backend=capture, fullgraph=True)(q, torch.randn(*r_shape))
-    (einsum,) = [n for n in graphs[0].nodes if n.op == "call_function" and "einsum" in str(n.target)]
-    assert key_axis_to_pad(einsum) == expect

@@ -1,7 +1,6 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
-For each build (samhq with the triton_op registration; the same with samhq.pad_rel_einsum; the same with its
-kernels on Triton's launcher instead of Inductor's static one, samhq.static_launch off; samhq with the opaque op;
+For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of Inductor's static one, samhq.static_launch off; samhq with the opaque op;
 samhq and Inductor with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention
 classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
@@ -40,7 +39,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
-    "samhq-pad": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.pad_rel_einsum": True}),
     # the fused op's kernels through Triton's Python launcher instead of Inductor's static one. Compiled in this
     # process (compile_threads=1) with the option off explicitly: compile workers read it from the environment,
     # where an earlier samhq build in the process has set it (samhq_fx/backend.py, launch_user_kernels_statically;
