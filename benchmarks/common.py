@@ -147,18 +147,25 @@ ROTATE_ROUNDS = 3
 
 
 def rotate_timings(kept: dict, iters: int, device: torch.device, rounds: int = ROTATE_ROUNDS) -> dict | None:
-    """Per kept cell, the median ms of `iters` calls in each of `rounds` rounds, every round timing each cell in
-    turn (kept: key -> (call, before) as wall_times takes them). In one process the first build timed ran slower
-    on the host in every piece (H200, 2026-12-02, benchmarks/NOTES.md, method), so cells timed one after the other
-    favour the later ones; rounds in rotation give each the same conditions. None if a call compiled again (its
-    rounds would have timed a compile)."""
+    """Per kept cell, the median ms of `iters` calls in each of `rounds` rounds, the cells' calls interleaved one
+    by one, the order rotated every turn (kept: key -> (call, before) as wall_times takes them). In one process the
+    first build timed ran slower on the host in every piece, and a lent host's speed drifted by up to 1.7x between
+    rounds of 20 calls (H200, 2026-12-02, benchmarks/NOTES.md, method): cells timed one after the other are
+    charged whatever the host did meanwhile, interleaved calls share it. None if a call compiled again (its rounds
+    would have timed a compile)."""
     from torch._dynamo.utils import counters
 
     graphs0 = counters["stats"]["unique_graphs"]
-    by_round: dict = {key: [] for key in kept}
+    keys = list(kept)
+    by_round: dict = {key: [] for key in keys}
     for _ in range(rounds):
-        for key, (call, before) in kept.items():
-            by_round[key].append(median(wall_times(call, iters, device, before=before)) / 1e3)
+        times: dict = {key: [] for key in keys}
+        for i in range(iters):
+            for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+                call, before = kept[key]
+                times[key] += wall_times(lambda _j, call=call, i=i: call(i), 1, device, before=before)
+        for key in keys:
+            by_round[key].append(median(times[key]) / 1e3)
     if counters["stats"]["unique_graphs"] != graphs0:
         log("rotation: a kept cell compiled again; its in-cell timing stands")
         return None
