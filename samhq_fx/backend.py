@@ -79,12 +79,11 @@ def _env_defaults() -> dict[str, Any]:
         if triton_op not in _TRITON_OP_ENV:
             raise ValueError(f"samhq backend: SAMHQ_FX_TRITON_OP must be 0, 1 or auto, got {triton_op!r}")
         env["samhq.triton_op"] = _TRITON_OP_ENV[triton_op]
-    host_indices = _env_switch("SAMHQ_FX_HOST_INDICES")
-    if host_indices is not None:
-        env["samhq.host_indices"] = host_indices
-    static_launch = _env_switch("SAMHQ_FX_STATIC_LAUNCH")
-    if static_launch is not None:
-        env["samhq.static_launch"] = static_launch
+    for key, name in (("samhq.host_indices", "SAMHQ_FX_HOST_INDICES"),
+                      ("samhq.static_launch", "SAMHQ_FX_STATIC_LAUNCH")):
+        switch = _env_switch(name)
+        if switch is not None:
+            env[key] = switch
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
     return env
