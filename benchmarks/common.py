@@ -146,6 +146,11 @@ def wall_times(call: Callable[[int], object], iters: int, device: torch.device,
 ROTATE_ROUNDS = 3
 
 
+def in_turn(keys: list, i: int) -> list:
+    """keys in turn i's order: each turn starts one key later, so no key always runs first."""
+    return keys[i % len(keys):] + keys[:i % len(keys)]
+
+
 def rotate_timings(kept: dict, iters: int, device: torch.device, rounds: int = ROTATE_ROUNDS) -> dict | None:
     """Per kept cell, the median ms of `iters` calls in each of `rounds` rounds, the cells' calls interleaved one
     by one, the order rotated every turn (kept: key -> (call, before) as wall_times takes them). In one process the
@@ -161,7 +166,7 @@ def rotate_timings(kept: dict, iters: int, device: torch.device, rounds: int = R
     for _ in range(rounds):
         times: dict = {key: [] for key in keys}
         for i in range(iters):
-            for key in keys[i % len(keys):] + keys[:i % len(keys)]:
+            for key in in_turn(keys, i):
                 call, before = kept[key]
                 times[key] += wall_times(lambda _j, call=call, i=i: call(i), 1, device, before=before)
         for key in keys:

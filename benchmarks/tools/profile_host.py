@@ -1,8 +1,9 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
-For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of Inductor's static one, samhq.static_launch off; samhq with the opaque op;
-samhq and Inductor with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention
-classes) of an HF SAM-HQ vision encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
+For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
+Inductor's static one, samhq.static_launch off; samhq with the opaque op; samhq and Inductor with Inductor's C++
+wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision encoder
+(ViT-B/L/H config, random weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
             builds' calls interleaved one by one; also the median of each round of --iters calls;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
@@ -95,10 +96,12 @@ def interleaved_walls(calls: dict, n: int, sync_after: bool = True) -> dict[str,
     whose speed drifts over seconds (lent machines do, by up to 1.7x between rounds of 20 calls) slows every build
     alike, where timing build after build would charge the drift to whichever build ran then. sync_after=False
     times only the issue: the host's time to the call's return, the GPU running behind."""
+    import common
+
     names = list(calls)
     out: dict[str, list[float]] = {name: [] for name in names}
     for i in range(n):
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in common.in_turn(names, i):
             torch.cuda.synchronize()
             t = time.perf_counter()
             calls[name]()
