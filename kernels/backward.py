@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import _biased_scores, _col, _col_ok, _dot, _load_kmajor, _rel_h_column
+from .tiles import _biased_scores, _col, _col_ok, _dot, _load_kmajor, _rel_h_column, _rows
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -29,14 +29,14 @@ def _dkdv_program(
     pid_t, b,
     Q, K, V, RH, RW, DO, O, LSE, DELTA, DK, DV_, QT, DOT,
     sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-    srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
+    srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,
     sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
     sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
     DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, BIAS_T: tl.constexpr,
-    RH_SELECT: tl.constexpr, DELTA_INLINE: tl.constexpr,
+    RH_SELECT: tl.constexpr, DELTA_INLINE: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr,
 ):
     # Owns key tile pid_t (grid rows kh0 .. kh0+R-1), loops over all query blocks. Works on the transposed
     # scores sT = s^T: [BLOCK_N, BLOCK_M], so dk and dv come out of plain dots with no transposes.
@@ -103,21 +103,22 @@ def _dkdv_program(
             mb_ok = tl.full([BLOCK_M], 1, tl.int1)
         else:
             mb_ok = m_ok
-        biasT = tl.load(RW + b * srw_b + offs_m[None, :] * srw_n + col[:, None] * srw_k,
+        rh_m = _rows(offs_m, srh_n, srh_h, RH_QW)
+        biasT = tl.load(RW + b * srw_b + _rows(offs_m, srw_n, srw_h, RW_QW)[None, :] + col[:, None] * srw_k,
                         mask=mb_ok[None, :] & col_ok[:, None], other=0.0).to(tl.float32)
         if R == 1:
-            rh = tl.load(RH + b * srh_b + offs_m * srh_n + kh0 * srh_k, mask=mb_ok, other=0.0)
+            rh = tl.load(RH + b * srh_b + rh_m + kh0 * srh_k, mask=mb_ok, other=0.0)
             biasT += rh.to(tl.float32)[None, :]
         elif RH_SELECT:  # R row loads placed by key row: no [BLOCK_N, BLOCK_M] gather
             for r in tl.static_range(R):
                 # the row test as a [BLOCK_M] vector: Triton's interpreter rejects a vector mask
                 # combined with a 0-d one
                 rh_ok = (tl.zeros([BLOCK_M], tl.int32) + kh0 + r) < HK
-                rh_r = tl.load(RH + b * srh_b + offs_m * srh_n + (kh0 + r) * srh_k,
+                rh_r = tl.load(RH + b * srh_b + rh_m + (kh0 + r) * srh_k,
                                mask=mb_ok & rh_ok, other=0.0)
                 biasT = tl.where((row == r)[:, None], biasT + rh_r.to(tl.float32)[None, :], biasT)
         else:
-            rh = tl.load(RH + b * srh_b + offs_m[None, :] * srh_n + kh[:, None] * srh_k,
+            rh = tl.load(RH + b * srh_b + rh_m[None, :] + kh[:, None] * srh_k,
                          mask=mb_ok[None, :] & (kh < HK)[:, None], other=0.0)
             biasT += rh.to(tl.float32)
 
@@ -166,14 +167,14 @@ def _dq_program(
     pid_m, b,
     Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
     sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-    srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
+    srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,
     sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
     sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
     N_Q, qk_scale, scale,
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
     DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr,
-    STORE_DELTA: tl.constexpr,
+    STORE_DELTA: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr,
 ):
     # Owns query block pid_m, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
     # reduces them itself: no atomics, fixed order.
@@ -213,7 +214,8 @@ def _dq_program(
         tl.store(DELTA + b * sdl_b + offs_m, delta, mask=m_ok)
     lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
     # rel_w bias [BLOCK_M, BLOCK_N], same for every tile (log2 domain, lse folded in)
-    rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
+    rh_m = _rows(offs_m, srh_n, srh_h, RH_QW)
+    rw = tl.load(RW + b * srw_b + _rows(offs_m, srw_n, srw_h, RW_QW)[:, None] + col[None, :] * srw_k,
                  mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
 
     dq = tl.zeros([BLOCK_M, D_A], tl.float32)
@@ -225,7 +227,7 @@ def _dq_program(
         drw = tl.zeros([BLOCK_M, WK_PAD], tl.float32)
     rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
     if R == 1:
-        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, 0, HK)
+        rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, 0, HK)
 
     for kh0 in range(0, HK, R):
         kh = kh0 + row
@@ -241,7 +243,7 @@ def _dq_program(
             kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
                            mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
             qk = _dot(q_b, kT_b, qk, PREC)
-        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, rh_m, srh_k, m_ok, kh0, kh,
                                     HK, R, RH_SELECT)
         p = tl.math.exp2(s)
         p = tl.where(n_ok[None, :], p, 0.0)
@@ -289,8 +291,8 @@ def _dq_program(
 def _bwd_kernel(
     Q, K, V, RH, RW, RH_T, RW_T, DO, O, LSE, DELTA, DQ, DK, DV_, DRH, DRW, QT, DOT, KT,
     sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-    srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,  # rel_h / rel_w as dQ reads them
-    srht_b, srht_n, srht_k, srwt_b, srwt_n, srwt_k,  # as dK/dV reads them (BIAS_T: copies, else the same)
+    srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,  # rel_h / rel_w as dQ reads them (forward.py)
+    srht_b, srht_h, srht_n, srht_k, srwt_b, srwt_h, srwt_n, srwt_k,  # as dK/dV reads them (BIAS_T: copies)
     sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
     sdq_b, sdq_n, sdq_d, sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d,
     sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k,
@@ -302,8 +304,11 @@ def _bwd_kernel(
     PART: tl.constexpr,  # "dq", "dkdv" or "both" (module docstring)
     R_KV: tl.constexpr, BLOCK_M_KV: tl.constexpr, RH_SELECT_KV: tl.constexpr, BIAS_T: tl.constexpr,
     R_Q: tl.constexpr, BLOCK_M_Q: tl.constexpr, RH_SELECT_Q: tl.constexpr,
+    RH_QW: tl.constexpr = 0, RW_QW: tl.constexpr = 0,  # query grid width where a term's rows are (h, w) dims
+    RHT_QW: tl.constexpr = 0, RWT_QW: tl.constexpr = 0,  # the same for what dK/dV reads (0 with BIAS_T copies)
 ):
     # q, k: [B, N, D]  v, do, out: [B, N, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]  lse, delta: [B, N_Q]
+    # (rel_h / rel_w with RH_QW / RW_QW > 0: [B, N_Q // QW, QW, K], rows at their own strides; tiles._rows)
     # Head dims in power-of-two chunks as in the forward (D_A + D_B, DV_A + DV_B; D_B == 0: one chunk)
     # Python floats arrive as fp64 when Inductor compiles the kernel (triton_op path):
     # pin them to fp32 so the scores, P and the accumulators stay fp32.
@@ -325,21 +330,21 @@ def _bwd_kernel(
         _dkdv_program(
             pid, b, Q, K, V, RH_T, RW_T, DO, O, LSE, DELTA, DK, DV_, QT, DOT,
             sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-            srht_b, srht_n, srht_k, srwt_b, srwt_n, srwt_k,
+            srht_b, srht_h, srht_n, srht_k, srwt_b, srwt_h, srwt_n, srwt_k,
             sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
             sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d, sqt_b, sqt_d, sdot_b, sdot_d,
             N_Q, qk_scale, scale,
             HK, WK, D, DV, WK_PAD, R_KV, D_A, D_B, DV_A, DV_B, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
-            PART == "both",
+            PART == "both", RHT_QW, RWT_QW,
         )
     else:
         _dq_program(
             pid_q, b, Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
             sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-            srh_b, srh_n, srh_k, srw_b, srw_n, srw_k,
+            srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,
             sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
             sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
             N_Q, qk_scale, scale,
             HK, WK, D, DV, WK_PAD, R_Q, D_A, D_B, DV_A, DV_B, BLOCK_M_Q, PREC, KMAJOR, RH_SELECT_Q,
-            PART == "dq",
+            PART == "dq", RH_QW, RW_QW,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import _biased_scores, _col, _col_ok, _dot, _load_kmajor, _rel_h_column
+from .tiles import _biased_scores, _col, _col_ok, _dot, _load_kmajor, _rel_h_column, _rows
 
 
 @triton.jit
@@ -15,17 +15,18 @@ def _fwd_kernel(
     sk_b, sk_n, sk_d,
     sv_b, sv_n, sv_d,
     svt_b, svt_d,  # vT: [B, DV, padded keys], keys contiguous (KMAJOR only)
-    srh_b, srh_n, srh_k,
-    srw_b, srw_n, srw_k,
+    srh_b, srh_h, srh_n, srh_k,  # rel_h / rel_w: batch, query grid row (RH_QW / RW_QW > 0 only), query, key
+    srw_b, srw_h, srw_n, srw_k,
     so_b, so_n, so_d,
     slse_b,
     N_Q, qk_scale,  # qk_scale = scale * log2(e): scores live in the log2 domain
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
     DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
-    RH_SELECT: tl.constexpr = False,
+    RH_SELECT: tl.constexpr = False, RH_QW: tl.constexpr = 0, RW_QW: tl.constexpr = 0,
 ):
     # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
+    # (rel_h / rel_w with RH_QW / RW_QW > 0: [B, N_Q // QW, QW, K], rows at their own strides; tiles._rows)
     # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
     # Head dims in power-of-two chunks (tiles.split): d in [0, D_A) and, where D_B > 0, [D_A, D_A + D_B);
     # likewise DV_A, DV_B. D_B == 0 / DV_B == 0 compiles the second chunk out.
@@ -57,7 +58,8 @@ def _fwd_kernel(
     if DV_B > 0:
         offs_dv_b = DV_A + tl.arange(0, DV_B)
     # rel_w bias: [BLOCK_M, BLOCK_N]; key tiles are whole grid rows, so it is the same for every tile
-    rw = tl.load(RW + b * srw_b + offs_m[:, None] * srw_n + col[None, :] * srw_k,
+    rh_m = _rows(offs_m, srh_n, srh_h, RH_QW)
+    rw = tl.load(RW + b * srw_b + _rows(offs_m, srw_n, srw_h, RW_QW)[:, None] + col[None, :] * srw_k,
                  mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * LOG2E
     if R > 1 and WK != WK_PAD and HK % R == 0:
         # padded grid columns: -inf here, once, so that their scores come out -inf with no select per score
@@ -73,7 +75,7 @@ def _fwd_kernel(
         acc_b = tl.zeros([BLOCK_M, DV_B], tl.float32)
     rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
     if R == 1:
-        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, 0, HK)
+        rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, 0, HK)
 
     for kh0 in range(0, HK, R):
         kh = kh0 + row
@@ -87,7 +89,7 @@ def _fwd_kernel(
             kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
                            mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
             qk = _dot(q_b, kT_b, qk, PREC)
-        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, rh_m, srh_k, m_ok, kh0, kh,
                                     HK, R, RH_SELECT)
         if HK % R != 0:  # the last tile runs past the grid's last row: rows and columns masked here
             s = tl.where(n_ok[None, :], s, float("-inf"))

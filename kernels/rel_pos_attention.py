@@ -172,14 +172,44 @@ def _keys_kmajor(x, hk: int, wk: int, wk_pad: int, r: int):
 
 
 def _queries_kmajor(x, block_m: int):
-    """x: [B, N, D] -> [B, D, N_PAD], queries contiguous, N padded with zeros to whole query blocks."""
-    b, n, d = x.shape
+    """x: [B, N, D] or [B, H, W, D] (N = H * W) -> [B, D, N_PAD], queries contiguous, N padded with zeros to whole
+    query blocks. One copy kernel whatever x's strides."""
+    b, d = x.shape[0], x.shape[-1]
+    n = query_rows(x)
+    xt_grid = x.movedim(-1, 1)  # [B, D, N] or [B, D, H, W]
     n_pad = triton.cdiv(n, block_m) * block_m
     if n_pad == n:
-        return x.transpose(1, 2).contiguous()
+        return xt_grid.reshape(b, d, n).contiguous()
     xt = x.new_zeros((b, d, n_pad))
-    xt[:, :, :n] = x.transpose(1, 2)
+    xt[:, :, :n].view(xt_grid.shape).copy_(xt_grid)
     return xt
+
+
+def query_rows(t) -> int:
+    """Query rows of a rel-pos term: [B, Nq, K] or [B, Hq, Wq, K] (the query grid as two dims)."""
+    return t.shape[1] if t.dim() == 3 else t.shape[1] * t.shape[2]
+
+
+def _rel_strides(t):
+    """(strides (batch, grid row, row, key), QW) of a rel-pos term as the kernels read it (tiles._rows): a 3-D
+    term, or a 4-D one whose (Hq, Wq) dims a flat row dim can view, gives QW = 0 (rows at one stride, the
+    kernels' code of old); any other 4-D term QW = Wq, read in place instead of copied into rows."""
+    if t.dim() == 3:
+        return (t.stride(0), 0, t.stride(1), t.stride(2)), 0
+    _, hq, wq, _ = t.shape
+    sb, sh, sw, sk = t.stride()
+    if wq == 1:
+        return (sb, 0, sh, sk), 0
+    if hq == 1 or sh == wq * sw:
+        return (sb, 0, sw, sk), 0
+    return (sb, sh, sw, sk), wq
+
+
+def _grad_strides(t):
+    """(batch, row, key) strides of a freshly allocated (contiguous) rel-pos gradient."""
+    (sb, _, sn, sk), qw = _rel_strides(t)
+    assert qw == 0, "gradients are allocated contiguous"
+    return sb, sn, sk
 
 
 def _empty(shape, dtype, device):
@@ -192,8 +222,8 @@ def _empty(shape, dtype, device):
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     """None if the kernels handle these inputs; else a short reason (the caller then uses the reference)."""
     ts = (q, k, v, rel_h, rel_w)
-    if any(t.dim() != 3 for t in ts):
-        return "expected q, k, v, rel_h, rel_w of rank 3"
+    if any(t.dim() != 3 for t in (q, k, v)) or any(t.dim() not in (3, 4) for t in (rel_h, rel_w)):
+        return "expected q, k, v of rank 3 and rel_h, rel_w of rank 3 or 4"
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"dtype {q.dtype} not supported by the Triton kernels"
     if any(t.dtype != q.dtype for t in (k, v)):
@@ -213,7 +243,7 @@ def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
         return "q and k head dims differ"
     if v.shape[1] != n_k:
         return "k and v lengths differ"
-    if rel_h.shape[1] != n_q or rel_w.shape[1] != n_q:
+    if query_rows(rel_h) != n_q or query_rows(rel_w) != n_q:
         return "rel_h/rel_w rows must equal the number of queries"
     if hk * wk != n_k:
         return f"key grid {hk}x{wk} does not match {n_k} keys"
@@ -227,13 +257,15 @@ def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
 
 
 def forward(q, k, v, rel_h, rel_w, scale: float):
-    """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk].
+    """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk] (each term may also
+    be [B, Hq, Wq, K], the query grid as two dims: read at its strides, not copied).
 
     Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
     """
     b, n_q, d = q.shape
     dv = v.shape[2]
-    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    hk, wk = rel_h.shape[-1], rel_w.shape[-1]
+    (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
     cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv), wk, b * n_q)
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
     kmajor = _kmajor(q.dtype, wk, max(_pad(d), _pad(dv)))
@@ -244,12 +276,12 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
     torch.library.wrap_triton(_fwd_kernel)[grid](
         q, k, v, vt, rel_h, rel_w, out, lse,
         *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1),
-        *rel_h.stride(), *rel_w.stride(), *out.stride(),
+        *rh_s, *rw_s, *out.stride(),
         lse.stride(0),
         n_q, scale * 1.4426950408889634,
         HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, **_chunks(d, dv),
         BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), KMAJOR=kmajor,
-        RH_SELECT=cfg.get("RH_SELECT", False), **_launch_options(cfg),
+        RH_SELECT=cfg.get("RH_SELECT", False), RH_QW=rh_qw, RW_QW=rw_qw, **_launch_options(cfg),
     )
     return out, lse
 
@@ -258,7 +290,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
     b, n_q, d = q.shape
     dv_ = v.shape[2]
-    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    hk, wk = rel_h.shape[-1], rel_w.shape[-1]
     prec = _dot_precision(q.dtype)
     d_pad, dv_pad = _pad(d), _pad(dv_)
     cfg_kv = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk, b * n_q)
@@ -278,7 +310,8 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
 
     kmajor = _kmajor(q.dtype, wk, max(d_pad, dv_pad))
     # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
-    # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged
+    # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged.
+    # The gradients d_rel_h / d_rel_w come out contiguous in the terms' shapes (3-D or 4-D)
     bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and cfg_kv.get("BIAS_T", False))
 
     def kv_copies():  # dK/dV's operands: (qT, doT, rel_h^T, rel_w^T); the originals where unused
@@ -287,18 +320,21 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
                 _queries_kmajor(rel_h, bm).transpose(1, 2) if bias_t else rel_h,
                 _queries_kmajor(rel_w, bm).transpose(1, 2) if bias_t else rel_w)
 
+    (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
+
     def launch(part, grid, qt, dot, rh_t, rw_t, kt, cfg):
+        (rht_s, rht_qw), (rwt_s, rwt_qw) = _rel_strides(rh_t), _rel_strides(rw_t)
         torch.library.wrap_triton(_bwd_kernel)[grid](
             q, k, v, rel_h, rel_w, rh_t, rw_t, dout, out, lse, delta, dq, dk, dv, drh, drw, qt, dot, kt,
-            *q.stride(), *k.stride(), *v.stride(), *rel_h.stride(), *rel_w.stride(), *rh_t.stride(), *rw_t.stride(),
+            *q.stride(), *k.stride(), *v.stride(), *rh_s, *rw_s, *rht_s, *rwt_s,
             *dout.stride(), *out.stride(), *lse.stride(), delta.stride(0),
-            *dq.stride(), *dk.stride(), *dv.stride(), *drh.stride(), *drw.stride(),
+            *dq.stride(), *dk.stride(), *dv.stride(), *_grad_strides(drh), *_grad_strides(drw),
             qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1),
             n_q, scale * 1.4426950408889634, scale,
             HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, **_chunks(d, dv_), PREC=prec, KMAJOR=kmajor,
             PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
             BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
-            **_launch_options(cfg),
+            RH_QW=rh_qw, RW_QW=rw_qw, RHT_QW=rht_qw, RWT_QW=rwt_qw, **_launch_options(cfg),
         )
 
     n_kv, n_qb = triton.cdiv(hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])

@@ -86,9 +86,22 @@ def _dot(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh, HK: tl.constexpr):
-    # rel_h[:, kh] for the block's queries: [BLOCK_M] fp32, log2 domain, 0 past the last grid row
-    return tl.load(RH + b * srh_b + offs_m * srh_n + kh * srh_k,
+def _rows(offs_m, s_n, s_h, QW: tl.constexpr):
+    # Offsets of query rows offs_m in a rel-pos term: rows as one dim of stride s_n (QW == 0), or as the query
+    # grid's (row, column) dims of strides (s_h, s_n), QW columns wide. The second is how the einsums that make
+    # the terms lay them out ([h, B*w, k] from a batched GEMM), which a flat row dim cannot view: the term is
+    # read where the GEMM wrote it instead of copied into rows first (one copy kernel a term a layer)
+    if QW == 0:
+        return offs_m * s_n
+    else:
+        return (offs_m // QW) * s_h + (offs_m % QW) * s_n
+
+
+@triton.jit
+def _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, kh, HK: tl.constexpr):
+    # rel_h[:, kh] for the block's queries (rh_m: their row offsets, _rows): [BLOCK_M] fp32, log2 domain, 0 past
+    # the last grid row
+    return tl.load(RH + b * srh_b + rh_m + kh * srh_k,
                    mask=m_ok & (kh < HK), other=0.0).to(tl.float32) * 1.4426950408889634
 
 
@@ -121,7 +134,7 @@ def _load_kmajor(XT, b, sxt_b, sxt_d, offs_s, offs_d, D: tl.constexpr):
 
 
 @triton.jit
-def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0, kh,
+def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, rh_m, srh_k, m_ok, kh0, kh,
                    HK: tl.constexpr, R: tl.constexpr, RH_SELECT: tl.constexpr):
     """s = qk * qk_scale + rw + rel_h[i, key row] for one key tile, log2 domain: [BLOCK_M, BLOCK_N].
 
@@ -134,15 +147,15 @@ def _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, srh_n, srh_k, offs_m
     """
     if R == 1:
         s = qk * qk_scale + rw + rh_next[:, None]
-        rh_next = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0 + 1, HK)
+        rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, kh0 + 1, HK)
     elif RH_SELECT:
         bias = rw
         for r in tl.static_range(R):
-            rh_r = _rel_h_column(RH, b, srh_b, srh_n, srh_k, offs_m, m_ok, kh0 + r, HK)
+            rh_r = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, kh0 + r, HK)
             bias = tl.where((kh == kh0 + r)[None, :], rw + rh_r[:, None], bias)
         s = qk * qk_scale + bias
     else:
-        rh = tl.load(RH + b * srh_b + offs_m[:, None] * srh_n + kh[None, :] * srh_k,
+        rh = tl.load(RH + b * srh_b + rh_m[:, None] + kh[None, :] * srh_k,
                      mask=m_ok[:, None] & (kh < HK)[None, :], other=0.0)
         s = qk * qk_scale + rw + rh.to(tl.float32) * 1.4426950408889634
     return s, rh_next

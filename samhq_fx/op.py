@@ -3,6 +3,8 @@
     rel_pos_attention(q, k, v, rel_h, rel_w, scale) -> (out, lse)
         q: [B*heads, Nq, D]   k: [B*heads, Nk, D]   v: [B*heads, Nk, Dv]
         rel_h: [B*heads, Nq, Hk]   rel_w: [B*heads, Nq, Wk]   with Hk * Wk == Nk (the key grid)
+        (either term may be [B*heads, Hq, Wq, K] with Hq * Wq == Nq: the query grid as two dims, which is how
+        the rewrite hands over terms whose rows a flat dim cannot view; the kernels read them in place)
         out: [B*heads, Nq, Dv] (q's dtype)   lse: [B*heads, Nq] fp32 row log-sum-exp
 
 rel_h / rel_w come in as tensors so the table gather, interpolation and einsums that make them stay
@@ -269,14 +271,21 @@ def kernels_verified_for(device: torch.device) -> bool:
 # --- functional API -----------------------------------------------------------------------------
 
 
+def _query_rows(t) -> int:
+    return t.shape[1] if t.dim() == 3 else t.shape[1] * t.shape[2]
+
+
 def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
     named = {"q": q, "k": k, "v": v, "rel_h": rel_h, "rel_w": rel_w}
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"rel_pos_attention: `{name}` must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
+        if t.dim() != 3 and not (name.startswith("rel_") and t.dim() == 4):
+            grid = " or 4-D [batch*heads, query rows, query columns, key rows or columns]" if name.startswith(
+                "rel_") else ""
             raise ValueError(
-                f"rel_pos_attention: `{name}` must be 3-D [batch*heads, tokens, features], got shape {tuple(t.shape)}"
+                f"rel_pos_attention: `{name}` must be 3-D [batch*heads, tokens, features]{grid}, got shape "
+                f"{tuple(t.shape)}"
             )
     b, n_q, d = q.shape
     if k.shape[0] != b or v.shape[0] != b or rel_h.shape[0] != b or rel_w.shape[0] != b:
@@ -288,15 +297,15 @@ def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
         raise ValueError(f"rel_pos_attention: `k` must have q's head_dim {d} in dim 2, got shape {tuple(k.shape)}")
     if v.shape[1] != k.shape[1]:
         raise ValueError(f"rel_pos_attention: `v` must have as many tokens as `k` ({k.shape[1]}), got {tuple(v.shape)}")
-    if rel_h.shape[1] != n_q or rel_w.shape[1] != n_q:
+    if _query_rows(rel_h) != n_q or _query_rows(rel_w) != n_q:
         raise ValueError(
             f"rel_pos_attention: `rel_h` and `rel_w` must have one row per query ({n_q}), got "
             f"{tuple(rel_h.shape)} and {tuple(rel_w.shape)}"
         )
-    hk, wk = rel_h.shape[2], rel_w.shape[2]
+    hk, wk = rel_h.shape[-1], rel_w.shape[-1]
     if hk * wk != k.shape[1]:
         raise ValueError(
-            f"rel_pos_attention: key grid rel_h.shape[2] x rel_w.shape[2] = {hk} x {wk} = {hk * wk} must equal "
+            f"rel_pos_attention: key grid rel_h.shape[-1] x rel_w.shape[-1] = {hk} x {wk} = {hk * wk} must equal "
             f"the number of keys k.shape[1] = {k.shape[1]}"
         )
     dtypes = {n: t.dtype for n, t in named.items()}
@@ -315,7 +324,8 @@ def rel_pos_attention(q, k, v, rel_h, rel_w, scale: float | None = None) -> torc
     """softmax(scale * q @ k^T + rel_h[..., :, None] + rel_w[..., None, :]) @ v, fused.
 
     q: [B*heads, Nq, D], k: [B*heads, Nk, D], v: [B*heads, Nk, Dv], rel_h: [B*heads, Nq, Hk],
-    rel_w: [B*heads, Nq, Wk] with Hk * Wk == Nk; scale defaults to D ** -0.5.
+    rel_w: [B*heads, Nq, Wk] with Hk * Wk == Nk (either term may be [B*heads, Hq, Wq, K] with Hq * Wq == Nq,
+    read at its strides); scale defaults to D ** -0.5.
     Returns [B*heads, Nq, Dv]. Differentiable in all five tensors.
     """
     if scale is None and isinstance(q, torch.Tensor) and q.dim() == 3:

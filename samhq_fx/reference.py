@@ -29,6 +29,11 @@ def query_block(batch: int, n_q: int, n_k: int) -> int:
     return max(1, min(n_q, _BLOCK_ELEMENTS // max(1, batch * n_k)))
 
 
+def _rows(t):
+    # a rel-pos term as [B, Nq, K]: [B, Hq, Wq, K] (the query grid as two dims) flattened, a copy where it must be
+    return t.flatten(1, 2) if t.dim() == 4 else t
+
+
 def _scores(q_blk, k, rh_blk, rw_blk, scale):
     # q_blk: [B, bq, D], k: [B, Nk, D], rh_blk: [B, bq, Hk], rw_blk: [B, bq, Wk] -> s: [B, bq, Nk]
     b, bq, hk = rh_blk.shape
@@ -39,12 +44,13 @@ def _scores(q_blk, k, rh_blk, rw_blk, scale):
 
 
 def forward(q, k, v, rel_h, rel_w, scale: float):
-    """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk].
+    """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk] (or either term
+    [B, Hq, Wq, K] with Hq * Wq = Nq).
 
     Returns out [B, Nq, Dv] in q's dtype and lse [B, Nq] in float32.
     """
     ct = compute_dtype(q.dtype)
-    qc, kc, vc, rh, rw = (t.to(ct) for t in (q, k, v, rel_h, rel_w))
+    qc, kc, vc, rh, rw = (t.to(ct) for t in (q, k, v, _rows(rel_h), _rows(rel_w)))
     b, n_q, _ = q.shape
     n_k = k.shape[1]
     out = torch.empty(b, n_q, v.shape[-1], dtype=q.dtype, device=q.device)
@@ -61,9 +67,10 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
 
 
 def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
-    """Gradients of forward() for the saved (out, lse). Returns dq, dk, dv, d_rel_h, d_rel_w."""
+    """Gradients of forward() for the saved (out, lse). Returns dq, dk, dv, d_rel_h, d_rel_w (each gradient
+    contiguous, in its input's shape)."""
     ct = compute_dtype(q.dtype)
-    qc, kc, vc, rh, rw, do = (t.to(ct) for t in (q, k, v, rel_h, rel_w, dout))
+    qc, kc, vc, rh, rw, do = (t.to(ct) for t in (q, k, v, _rows(rel_h), _rows(rel_w), dout))
     b, n_q, _ = q.shape
     n_k = k.shape[1]
     hk, wk = rel_h.shape[-1], rel_w.shape[-1]
@@ -91,7 +98,8 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         ds4 = ds.view(b, -1, hk, wk)
         drh[:, sl] = ds4.sum(-1)
         drw[:, sl] = ds4.sum(-2)
-    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), drh.to(rel_h.dtype), drw.to(rel_w.dtype))
+    return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), drh.to(rel_h.dtype).view(rel_h.shape),
+            drw.to(rel_w.dtype).view(rel_w.shape))
 
 
 def naive(q, k, v, rel_h, rel_w, scale: float):

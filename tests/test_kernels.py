@@ -237,6 +237,45 @@ def test_strided_inputs(layout, matmul_precision):
     run_and_check(*make_inputs(2, 35, 5, 7, 64, 64, torch.float32, layout=layout), 1e-5)
 
 
+def grid_terms(rel_h, rel_w, hq, wq):
+    """rel_h / rel_w as [B, Hq, Wq, K] views laid out as SAM's einsums write them: rel_h grid row by grid row
+    ([Hq, B, Wq, K] in memory, a GEMM batched over h), rel_w grid column by grid column ([Wq, B, Hq, K]).
+    Neither can be viewed as [B, Hq*Wq, K] (the copy the kernels' 4-D path saves)."""
+    b = rel_h.shape[0]
+    rh = rel_h.view(b, hq, wq, -1).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
+    rw = rel_w.view(b, hq, wq, -1).permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    return rh, rw
+
+
+# (batch, grid hk x wk, head dim, mode, overrides): R > 1 and R == 1 key tiles, RH_SELECT, the 16-bit bias copies
+# and the fp32 K-major copies (which copy the terms from their grid layout), one fused backward launch
+GRID_TERMS = [
+    (2, 7, 7, 64, "fp32-highest", {}),
+    (2, 5, 9, 64, "bf16", {}),
+    (2, 7, 7, 64, "bf16", {k: dict(BLOCK_N=64, RH_SELECT=True) for k in ("fwd", "dkdv", "dq")}),
+    (2, 5, 12, 64, "bf16", {"dkdv": dict(BIAS_T=True)}),
+    (2, 5, 12, 80, "fp32-high", {k: dict(BLOCK_N=32) for k in ("fwd", "dkdv", "dq")}),
+    (2, 3, 7, 64, "bf16", {"bwd": dict(FUSED=True), "dkdv": dict(BLOCK_N=32), "dq": dict(BLOCK_N=32)}),
+]
+
+
+@pytest.mark.parametrize("b,hk,wk,d,mode,overrides", GRID_TERMS)
+def test_rel_terms_as_query_grid(b, hk, wk, d, mode, overrides, monkeypatch, matmul_precision):
+    # rel_h / rel_w handed over as [B, Hq, Wq, K] at the einsums' strides: right against float64, and the same
+    # bits as the same values in [B, Nq, K] rows (the same loads and arithmetic, at other addresses)
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    monkeypatch.setattr(K.configs, "OVERRIDES", overrides)
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=11)
+    rh4, rw4 = grid_terms(rel_h, rel_w, hk, wk)
+    assert K._rel_strides(rh4)[1] == wk and K._rel_strides(rw4)[1] == wk  # the 4-D path, not a flat view
+    _, got4 = run_and_check(q, k, v, rh4, rw4, dout, tol)
+    _, got3 = run_and_check(q, k, v, rel_h, rel_w, dout, tol)
+    for name, g4, g3 in zip(NAMES, got4, got3):
+        assert torch.equal(g4.reshape(g3.shape), g3), name
+    assert got4[5].shape == rh4.shape and got4[5].is_contiguous()
+
+
 def test_nq_differs_from_nk(matmul_precision):
     # queries are only rows: 30 queries against a 5x9 key grid, value dim != head dim
     matmul_precision("highest")
@@ -378,6 +417,21 @@ def test_gpu_sam_shapes(b, grid, d, mode, matmul_precision):
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=d + grid), tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "fp32-high", "fp32-highest"])
+@pytest.mark.parametrize("b,grid,d", SAM)
+def test_gpu_rel_terms_as_query_grid(b, grid, d, mode, matmul_precision):
+    # the SAM shapes with rel_h / rel_w in the einsums' layouts (what the rewrite hands over): float64-right and
+    # the same bits as flat rows, through every config the GPU table picks for them
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=d + grid + 1)
+    _, got4 = run_and_check(q, k, v, *grid_terms(rel_h, rel_w, grid, grid), dout, tol)
+    _, got3 = run_and_check(q, k, v, rel_h, rel_w, dout, tol)
+    for name, g4, g3 in zip(NAMES, got4, got3):
+        assert torch.equal(g4.reshape(g3.shape), g3), name
 
 
 # head dims as two chunks (tiles.split) at SAM's layers and on a mid-size grid, with q / k and v dims apart; 72 / 40,

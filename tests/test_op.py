@@ -70,6 +70,34 @@ def test_functional_api_against_float64(dtype, tol):
         assert rel_err(got, exp) < tol
 
 
+def _grid_term(t, hq, wq):
+    # [B, Hq*Wq, K] -> [B, Hq, Wq, K] laid out grid row by grid row ([Hq, B, Wq, K] in memory), as SAM's einsum writes it
+    b = t.shape[0]
+    g = t.detach().view(b, hq, wq, -1).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
+    return g.requires_grad_(t.requires_grad)
+
+
+def test_rel_terms_as_query_grid_through_the_op():
+    # rel_h / rel_w as [B*heads, Hq, Wq, K] views (what the rewrite hands over): the same output as flat rows,
+    # gradients in the terms' 4-D shapes, contiguous; opcheck for the fakes of both registrations
+    inputs = rand_inputs(2, (3, 4), (3, 4), 8, requires_grad=True, seed=5)
+    grid = [*inputs[:3], _grid_term(inputs[3], 3, 4), _grid_term(inputs[4], 3, 4)]
+    assert not grid[3].flatten(1, 2)._is_view()  # flattening it would copy
+    out3 = samhq_fx.rel_pos_attention(*inputs, scale=0.4)
+    out4 = samhq_fx.rel_pos_attention(*grid, scale=0.4)
+    assert torch.equal(out3, out4)
+    dout = torch.randn_like(out3)
+    for g3, g4, t in zip(torch.autograd.grad(out3, inputs, dout), torch.autograd.grad(out4, grid, dout), grid):
+        assert g4.shape == t.shape and g4.is_contiguous()
+        assert torch.equal(g3.reshape(g4.shape), g4)
+    for name in ("rel_pos_attention", "rel_pos_attention_inductor"):
+        fwd, bwd = getattr(torch.ops.samhq, name), getattr(torch.ops.samhq, name + "_backward")
+        args = [t.detach() for t in grid]
+        torch.library.opcheck(fwd.default, (*args, 0.4))
+        out, lse = fwd(*args, 0.4)
+        torch.library.opcheck(bwd.default, (dout, *args, out, lse, 0.4))
+
+
 def test_compiles_with_inductor_and_dynamic_batch():
     f = torch.compile(lambda *a: samhq_fx.rel_pos_attention(*a, scale=0.5), backend="inductor", dynamic=True)
     for b in (2, 3):
@@ -89,6 +117,8 @@ def _good():
     "mutate,error,words",
     [
         (lambda a: a.__setitem__(0, a[0][0]), ValueError, "`q` must be 3-D"),
+        (lambda a: a.__setitem__(3, a[3][None, None]), ValueError, "`rel_h` must be 3-D .* or 4-D"),
+        (lambda a: a.__setitem__(4, a[4].view(2, 4, 3, 4)[:, :3]), ValueError, "one row per query"),
         (lambda a: a.__setitem__(4, a[4][..., :3]), ValueError, "key grid"),
         (lambda a: a.__setitem__(3, a[3][:, :5]), ValueError, "one row per query"),
         (lambda a: a.__setitem__(2, a[2].double()), TypeError, "one dtype"),

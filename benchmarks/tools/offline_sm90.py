@@ -57,7 +57,7 @@ def compile_tl(kernel: str, dtype: str, part: str, overrides: dict):
                  PREC="none" if dtype == "bf16" else "tf32",
                  KMAJOR=dtype == "fp32", PART=part, R_KV=1, BLOCK_M_KV=64 if dtype == "bf16" else 32,
                  RH_SELECT_KV=False, BIAS_T=True, R_Q=1, BLOCK_M_Q=64, RH_SELECT_Q=False, R=1, BLOCK_M=64,
-                 RH_SELECT=False)
+                 RH_SELECT=False, RH_QW=0, RW_QW=0, RHT_QW=0, RWT_QW=0)
     overrides = dict(overrides)
     num_warps, num_stages = overrides.pop("num_warps", 4), overrides.pop("num_stages", 3)
     options = dict(num_warps=num_warps, num_stages=num_stages)
