@@ -92,11 +92,18 @@ def _to_3d(em: _Emitter, node: Node) -> Node:
     return em.method("flatten", node, 0, nd - 3)
 
 
-def _rel_term_3d(em: _Emitter, term: RelTerm) -> Node:
-    # leaf broadcast along one key axis -> [prod(batch), Nq, K]
+# Rel-pos terms of a 2-D query grid go to the op as [batch, Hq, Wq, K] (below). A switch so benchmarks can compare
+# with the flat [batch, Nq, K] rows of before (benchmarks/tools/profile_host.py, build "samhq-rel-rows").
+GRID_TERMS = True
+
+
+def _rel_term(em: _Emitter, term: RelTerm) -> Node:
+    # leaf broadcast along one key axis -> [prod(batch), Nq, K], or [prod(batch), Hq, Wq, K] for a 2-D query grid:
+    # the op reads the grid's two dims at their strides, where flattening them would copy the term whenever its
+    # einsum wrote it grid row by grid row ([h, B*w, k]; one copy kernel a term a layer, 24 a ViT-B call)
     t = em.method("squeeze", term.node, term.squeeze)
     n_batch, n_query = len(term.batch), len(term.query)
-    if n_query > 1:
+    if n_query > 2 or (n_query == 2 and not GRID_TERMS):
         t = em.method("flatten", t, n_batch, n_batch + n_query - 1)
     if n_batch == 0:
         return em.method("unsqueeze", t, 0)
@@ -108,15 +115,16 @@ def _rel_term_3d(em: _Emitter, term: RelTerm) -> Node:
 def _sum_terms(em: _Emitter, terms: list[RelTerm]) -> Node | None:
     total = None
     for term in terms:
-        t = _rel_term_3d(em, term)
+        t = _rel_term(em, term)
         total = t if total is None else em.function(operator.add, total, t)
     return total
 
 
 def _zeros_along(em: _Emitter, like: Node, size: int) -> Node:
-    # A missing rel_h / rel_w: zeros of shape [B, Nq, size] (batch may be symbolic).
+    # A missing rel_h / rel_w: zeros shaped like the other term with `size` keys (batch may be symbolic).
     col = em.method("narrow", like, -1, 0, 1)
-    return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), -1, -1, size))
+    keep = (-1,) * (len(shape(like)) - 1)
+    return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), *keep, size))
 
 
 def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default) -> Node:
@@ -204,4 +212,4 @@ class RelPosAttentionPass(CustomGraphPass):
     def uuid(self) -> bytes:
         return get_hash_for_files(_source_files()) + (
             f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}"
-            f"|{kernel_switches()}").encode()
+            f"|{kernel_switches()}|grid_terms={GRID_TERMS}").encode()

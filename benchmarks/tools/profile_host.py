@@ -1,8 +1,9 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
 For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
-Inductor's static one, samhq.static_launch off; samhq with the opaque op; samhq and Inductor with Inductor's C++
-wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision encoder
+Inductor's static one, samhq.static_launch off; samhq handing the rel-pos terms over as flat rows, a copy each, as
+before the op read them in place; samhq with the opaque op; samhq and Inductor with Inductor's C++ wrapper,
+cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision encoder
 (ViT-B/L/H config, random weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
             builds' calls interleaved one by one; also the median of each round of --iters calls;
@@ -48,6 +49,11 @@ BUILDS = {
                                                  "static_launch_user_defined_triton_kernels": False,
                                                  "compile_threads": 1}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
+    # the rel-pos terms handed to the fused op as flat [B*heads, Nq, K] rows (a copy of each), as before the op read
+    # them in their einsums' [B*heads, Hq, Wq, K] layout (samhq_fx/rewrite.py, GRID_TERMS; set while it compiles)
+    # min_seq_len 2 changes nothing in a SAM encoder (every attention has >= 49 keys); it is there so that the build's
+    # options differ from "samhq"'s, else Dynamo reuses that build's compiled code (same backend, equal options)
+    "samhq-rel-rows": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.min_seq_len": 2}),
     # Inductor's C++ wrapper: the graph's launches issued from C++ instead of its Python wrapper
     "samhq-cpp": ("eager", "samhq", {"samhq.triton_op": "auto", "cpp_wrapper": True}),
     "inductor-eager": ("eager", "inductor", None),
@@ -269,9 +275,13 @@ def main():
         if options:
             kw["options"] = options
         call = make_call(torch.compile(enc, **kw), args.what, args.dtype, args.batch, device)
+        from samhq_fx import rewrite
+
+        rewrite.GRID_TERMS = name != "samhq-rel-rows"
         t = time.perf_counter()
         call()
         torch.cuda.synchronize()
+        rewrite.GRID_TERMS = True
         row = {"compile_s": time.perf_counter() - t, "fused": counters["samhq"]["fused"],
                "graph_breaks": sum(counters["graph_break"].values())}
         for _ in range(3):
