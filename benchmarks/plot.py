@@ -3,6 +3,7 @@
     python benchmarks/plot.py benchmarks/results/sol076.json [other sol076.json ...]   # merge, table, charts
     python benchmarks/plot.py benchmarks/results/train_step.json
     python benchmarks/plot.py benchmarks/results/inference.json
+    python benchmarks/plot.py --default-mode OUT.png benchmarks/results/profile_host_*.json   # host vs GPU per build
 
 Everything here reads result rows (dicts from the runners' JSON), nothing else: the runners
 (sol_execbench_076.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
@@ -313,6 +314,48 @@ SUMMARY_GROUPS = {"train_step": ("model", "dtype", "batch"), "inference": ("mode
 SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 
+def default_mode_rows(payloads: list[dict]) -> list[dict]:
+    """One row per (cell, build) of benchmarks/tools/profile_host.py results: wall, GPU and host ms (wall - GPU) and
+    GPU busy, the cell named by its model, what, dtype and batch; builds without a wall (cut runs) left out."""
+    rows = []
+    for p in payloads:
+        a = p["args"]
+        cell = f"{a['model']} {a['what']} {a['dtype']} B={a['batch']}"
+        for name, b in p["builds"].items():
+            if b.get("wall_ms") is not None:
+                rows.append(dict(cell=cell, build=name, wall_ms=b["wall_ms"], gpu_ms=b["gpu_ms"],
+                                 host_ms=b["wall_ms"] - b["gpu_ms"], gpu_busy=b["gpu_ms"] / b["wall_ms"]))
+    return rows
+
+
+def default_mode_chart(rows: list[dict], path: str) -> str:
+    """Per cell, one stacked bar per build: its GPU time (solid) under its host time (wall - GPU, light)."""
+    plt = _pyplot()
+    if plt is None:
+        return f"matplotlib not importable: skipped chart {path}"
+    cells = _first_seen(rows, "cell")
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells) + 1, 4.5), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        mine = [r for r in rows if r["cell"] == cell]
+        xs = range(len(mine))
+        colors = ["C0" if r["build"].startswith("samhq") else "C1" for r in mine]
+        ax.bar(xs, [r["gpu_ms"] for r in mine], color=colors, label="GPU")
+        ax.bar(xs, [r["host_ms"] for r in mine], bottom=[r["gpu_ms"] for r in mine], color=colors, alpha=0.35,
+               label="host (wall - GPU)")
+        for x, r in zip(xs, mine):
+            ax.text(x, r["wall_ms"], f"{r['wall_ms']:.1f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([r["build"] for r in mine], rotation=45, ha="right", fontsize=8)
+        ax.set_title(cell, fontsize=9)
+        ax.set_ylabel("ms a call")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("default mode, one process per cell: GPU time and the host time on top of it")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
 def kind_of(path: str, payload: dict) -> str:
     name = os.path.basename(path)
     for kind in ("train_step", "inference"):
@@ -336,6 +379,11 @@ def main(argv=None) -> None:
     paths = (argv if argv is not None else sys.argv[1:]) or []
     if not paths:
         raise SystemExit(__doc__)
+    if paths[0] == "--default-mode":
+        rows = default_mode_rows([json.load(open(p)) for p in paths[2:]])
+        print_rows(rows, ("cell", "build", "wall_ms", "gpu_ms", "host_ms", "gpu_busy"))
+        print(default_mode_chart(rows, paths[1]), flush=True)
+        return
     payloads = [json.load(open(p)) for p in paths]
     kind = kind_of(paths[0], payloads[0])
     keys, columns, chart = KINDS[kind]

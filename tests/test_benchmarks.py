@@ -541,3 +541,21 @@ def test_sweep_tables_times_the_old_table_then_restores_the_new(monkeypatch, tmp
     assert S.K.configs.TABLE is new
 
 
+
+
+def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys):
+    # profile_host.py results -> one row per (cell, build) with host = wall - GPU; a build cut before its timing
+    # (no wall) is left out; the CLI prints the rows and draws the chart (or says matplotlib is missing)
+    payload = {"args": {"model": "vit-b", "what": "infer", "dtype": "bf16", "batch": 1},
+               "builds": {"samhq": {"wall_ms": 6.0, "gpu_ms": 3.5}, "inductor-sdpa": {"wall_ms": 7.0, "gpu_ms": 4.2},
+                          "inductor-eager": {"compile_s": 30.0}}}
+    rows = plot.default_mode_rows([payload])
+    assert [r["build"] for r in rows] == ["samhq", "inductor-sdpa"]
+    assert rows[0]["host_ms"] == pytest.approx(2.5) and rows[1]["gpu_busy"] == pytest.approx(0.6)
+    assert rows[0]["cell"] == "vit-b infer bf16 B=1"
+    path = tmp_path / "profile_host_vit-b_infer_bf16_b1.json"
+    path.write_text(json.dumps(payload))
+    plot.main(["--default-mode", str(tmp_path / "chart.png"), str(path)])
+    out = capsys.readouterr().out
+    assert "inductor-sdpa" in out and "2.50" in out
+    assert (tmp_path / "chart.png").exists() or "matplotlib not importable" in out
