@@ -2,7 +2,7 @@
 
 For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
 Inductor's static one, samhq.static_launch off; samhq handing the rel-pos terms over as flat rows, a copy each, as
-before the op read them in place; samhq with the opaque op; samhq and Inductor with Inductor's C++ wrapper,
+before the op read them in place; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor with Inductor's C++ wrapper,
 cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision encoder
 (ViT-B/L/H config, random weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
@@ -18,6 +18,8 @@ Triton launch, index_rows.
 
   python benchmarks/tools/profile_host.py --model vit-b --dtype bf16 --batch 1 --what infer --out DIR
   python benchmarks/tools/profile_host.py --what train ...      # forward + backward (bf16 autocast)
+  python benchmarks/tools/profile_host.py --dtype autocast --batch 4 --builds samhq-sdpa,inductor-sdpa
+                                            # the frozen encoder of finetune_samhq.py --train decoder
 Writes DIR/profile_host_<model>_<what>_<dtype>_b<batch>.json and prints a table.
 """
 
@@ -49,6 +51,8 @@ BUILDS = {
                                                  "static_launch_user_defined_triton_kernels": False,
                                                  "compile_threads": 1}),
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
+    # HF's "sdpa" attention class under samhq (finetune_samhq.py's default --attn): SDPA with a bias, matched too
+    "samhq-sdpa": ("sdpa", "samhq", {"samhq.triton_op": "auto"}),
     # the rel-pos terms handed to the fused op as flat [B*heads, Nq, K] rows (a copy of each), as before the op read
     # them in their einsums' [B*heads, Hq, Wq, K] layout (samhq_fx/rewrite.py, GRID_TERMS; set while it compiles)
     # min_seq_len 2 changes nothing in a SAM encoder (every attention has >= 49 keys); it is there so that the build's
@@ -63,7 +67,8 @@ BUILDS = {
 
 
 def build_encoder(model: str, attn: str, dtype: str, what: str, device):
-    """Inference in bf16 casts the model (no master weights); training keeps fp32 weights under autocast."""
+    """Inference in bf16 casts the model (no master weights); training, and inference in "autocast", keep fp32 weights
+    under bf16 autocast ("autocast" inference is the frozen encoder of finetune_samhq.py's decoder recipe)."""
     from transformers import SamHQVisionModel
 
     from samhq_fx.models import random_init_, vision_config
@@ -79,12 +84,12 @@ def make_call(enc, what: str, dtype: str, batch: int, device):
     probe = None
 
     def infer():
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=dtype == "autocast"):
             return enc(pixel_values=x).last_hidden_state
 
     def train():
         nonlocal probe
-        with torch.autocast("cuda", torch.bfloat16, enabled=dtype == "bf16"):
+        with torch.autocast("cuda", torch.bfloat16, enabled=dtype in ("bf16", "autocast")):
             out = enc(pixel_values=x).last_hidden_state
         if probe is None:
             probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
@@ -245,7 +250,9 @@ def op_pieces(enc, batch: int, dtype) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="vit-b")
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "tf32"))
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "tf32", "autocast"),
+                    help="inference: bf16 weights and input, fp32 at TF32, or fp32 weights under bf16 autocast; "
+                         "training: bf16 autocast (bf16, autocast) or TF32")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--what", default="infer", choices=("infer", "train"))
     ap.add_argument("--builds", default=",".join(BUILDS))
@@ -311,7 +318,7 @@ def main():
               f"{row['issue_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy {100 * row['gpu_busy']:4.0f}%  launches "
               f"{row['launches']:6.0f}  fused {row['fused']}", flush=True)
         if args.pieces and name == "samhq":
-            result["pieces"] = op_pieces(enc, args.batch, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+            result["pieces"] = op_pieces(enc, args.batch, torch.float32 if args.dtype == "tf32" else torch.bfloat16)
         with open(path, "w") as f:  # after every build: a later one that fails or runs out of time loses nothing
             json.dump(result, f, indent=1, default=str)
     for p in result.get("pieces", []):
