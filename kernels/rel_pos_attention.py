@@ -186,7 +186,8 @@ def _queries_kmajor(x, block_m: int):
 
 
 def query_rows(t) -> int:
-    """Query rows of a rel-pos term: [B, Nq, K] or [B, Hq, Wq, K] (the query grid as two dims)."""
+    """Query rows of a rel-pos term: [B, Nq, K] or [B, Hq, Wq, K] (the query grid as two dims). The op has the same
+    in samhq_fx.reference: kernels/ imports nothing of samhq_fx."""
     return t.shape[1] if t.dim() == 3 else t.shape[1] * t.shape[2]
 
 

@@ -271,10 +271,6 @@ def kernels_verified_for(device: torch.device) -> bool:
 # --- functional API -----------------------------------------------------------------------------
 
 
-def _query_rows(t) -> int:
-    return t.shape[1] if t.dim() == 3 else t.shape[1] * t.shape[2]
-
-
 def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
     named = {"q": q, "k": k, "v": v, "rel_h": rel_h, "rel_w": rel_w}
     for name, t in named.items():
@@ -297,7 +293,7 @@ def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
         raise ValueError(f"rel_pos_attention: `k` must have q's head_dim {d} in dim 2, got shape {tuple(k.shape)}")
     if v.shape[1] != k.shape[1]:
         raise ValueError(f"rel_pos_attention: `v` must have as many tokens as `k` ({k.shape[1]}), got {tuple(v.shape)}")
-    if _query_rows(rel_h) != n_q or _query_rows(rel_w) != n_q:
+    if reference.query_rows(rel_h) != n_q or reference.query_rows(rel_w) != n_q:
         raise ValueError(
             f"rel_pos_attention: `rel_h` and `rel_w` must have one row per query ({n_q}), got "
             f"{tuple(rel_h.shape)} and {tuple(rel_w.shape)}"

@@ -29,6 +29,11 @@ def query_block(batch: int, n_q: int, n_k: int) -> int:
     return max(1, min(n_q, _BLOCK_ELEMENTS // max(1, batch * n_k)))
 
 
+def query_rows(t) -> int:
+    """Query rows of a rel-pos term: [B, Nq, K], or [B, Hq, Wq, K] with the query grid as two dims."""
+    return t.shape[1] if t.dim() == 3 else t.shape[1] * t.shape[2]
+
+
 def _rows(t):
     # a rel-pos term as [B, Nq, K]: [B, Hq, Wq, K] (the query grid as two dims) flattened, a copy where it must be
     return t.flatten(1, 2) if t.dim() == 4 else t
