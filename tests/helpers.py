@@ -18,6 +18,17 @@ def rand_inputs(b, grid_q, grid_k, d, dtype=torch.float32, dv=None, device="cpu"
     return out
 
 
+def grid_terms(rel_h, rel_w, hq, wq):
+    """rel_h / rel_w [B, Hq*Wq, K] as [B, Hq, Wq, K] views laid out as SAM's einsums write them: rel_h grid row by
+    grid row ([Hq, B, Wq, K] in memory, a GEMM batched over h), rel_w grid column by grid column ([Wq, B, Hq, K]).
+    For B > 1 neither can be viewed as [B, Hq*Wq, K] (the copy the op's 4-D path saves). Same values, same
+    requires_grad, new leaves."""
+    b = rel_h.shape[0]
+    rh = rel_h.detach().view(b, hq, wq, -1).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
+    rw = rel_w.detach().view(b, hq, wq, -1).permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    return rh.requires_grad_(rel_h.requires_grad), rw.requires_grad_(rel_w.requires_grad)
+
+
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     """||got - ref|| / ||ref|| in float64; NaN anywhere gives inf so it never passes."""
     got, ref = got.detach().double(), ref.detach().double().to(got.device)

@@ -32,6 +32,8 @@ except ImportError:  # `python -m pytest` from the repo root: samhq_fx/ there ha
     from kernels import rel_pos_attention as K
 from samhq_fx import reference
 
+from helpers import grid_terms
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NAMES = ("out", "lse", "dq", "dk", "dv", "d_rel_h", "d_rel_w")
 
@@ -235,16 +237,6 @@ def test_nonfinite_rows_are_nan_as_in_eager(grid, matmul_precision):
 def test_strided_inputs(layout, matmul_precision):
     matmul_precision("highest")
     run_and_check(*make_inputs(2, 35, 5, 7, 64, 64, torch.float32, layout=layout), 1e-5)
-
-
-def grid_terms(rel_h, rel_w, hq, wq):
-    """rel_h / rel_w as [B, Hq, Wq, K] views laid out as SAM's einsums write them: rel_h grid row by grid row
-    ([Hq, B, Wq, K] in memory, a GEMM batched over h), rel_w grid column by grid column ([Wq, B, Hq, K]).
-    Neither can be viewed as [B, Hq*Wq, K] (the copy the kernels' 4-D path saves)."""
-    b = rel_h.shape[0]
-    rh = rel_h.view(b, hq, wq, -1).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
-    rw = rel_w.view(b, hq, wq, -1).permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
-    return rh, rw
 
 
 # (batch, grid hk x wk, head dim, mode, overrides): R > 1 and R == 1 key tiles, RH_SELECT, the 16-bit bias copies

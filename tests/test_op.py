@@ -12,7 +12,7 @@ import torch
 import samhq_fx
 from samhq_fx import reference
 
-from helpers import rand_inputs, rel_err
+from helpers import grid_terms, rand_inputs, rel_err
 
 SHAPES = [  # (batch*heads, query grid, key grid, head_dim)
     (2, (7, 7), (7, 7), 16),
@@ -70,18 +70,11 @@ def test_functional_api_against_float64(dtype, tol):
         assert rel_err(got, exp) < tol
 
 
-def _grid_term(t, hq, wq):
-    # [B, Hq*Wq, K] -> [B, Hq, Wq, K] laid out grid row by grid row ([Hq, B, Wq, K] in memory), as SAM's einsum writes it
-    b = t.shape[0]
-    g = t.detach().view(b, hq, wq, -1).permute(1, 0, 2, 3).contiguous().permute(1, 0, 2, 3)
-    return g.requires_grad_(t.requires_grad)
-
-
 def test_rel_terms_as_query_grid_through_the_op():
     # rel_h / rel_w as [B*heads, Hq, Wq, K] views (what the rewrite hands over): the same output as flat rows,
     # gradients in the terms' 4-D shapes, contiguous; opcheck for the fakes of both registrations
     inputs = rand_inputs(2, (3, 4), (3, 4), 8, requires_grad=True, seed=5)
-    grid = [*inputs[:3], _grid_term(inputs[3], 3, 4), _grid_term(inputs[4], 3, 4)]
+    grid = [*inputs[:3], *grid_terms(inputs[3], inputs[4], 3, 4)]
     assert not grid[3].flatten(1, 2)._is_view()  # flattening it would copy
     out3 = samhq_fx.rel_pos_attention(*inputs, scale=0.4)
     out4 = samhq_fx.rel_pos_attention(*grid, scale=0.4)
