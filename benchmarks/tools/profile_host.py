@@ -2,9 +2,9 @@
 
 For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
 Inductor's static one, samhq.static_launch off; samhq handing the rel-pos terms over as flat rows, a copy each, as
-before the op read them in place; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor with Inductor's C++ wrapper,
-cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision encoder
-(ViT-B/L/H config, random weights), all compiled first, in one process:
+before the op read them in place; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor
+with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision
+encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
             builds' calls interleaved one by one; also the median of each round of --iters calls;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
@@ -266,6 +266,8 @@ def main():
     device = torch.device("cuda")
     from torch._dynamo.utils import counters
 
+    from samhq_fx import rewrite
+
     result = {"args": vars(args), "torch": torch.__version__, "triton": triton.__version__, "builds": {}}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"profile_host_{args.model}_{args.what}_{args.dtype}_b{args.batch}.json")
@@ -282,8 +284,6 @@ def main():
         if options:
             kw["options"] = options
         call = make_call(torch.compile(enc, **kw), args.what, args.dtype, args.batch, device)
-        from samhq_fx import rewrite
-
         rewrite.GRID_TERMS = name != "samhq-rel-rows"
         t = time.perf_counter()
         call()
