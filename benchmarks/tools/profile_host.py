@@ -9,6 +9,7 @@ encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
             builds' calls interleaved one by one; also the median of each round of --iters calls;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
             launches per call, and GPU busy = GPU / wall (the unprofiled wall above);
+  peak      what one call allocates at its peak above what was live before it (MiB, max_memory_allocated);
   host ops  the same profile's CPU side: the top ops by self CPU time per call (custom ops, aten, Triton
             launches appear as cudaLaunchKernel / cuLaunchKernelEx);
   python    cProfile over --iters calls: the top functions by cumulative and by own time per call.
@@ -20,6 +21,8 @@ Triton launch, index_rows.
   python benchmarks/tools/profile_host.py --what train ...      # forward + backward (bf16 autocast)
   python benchmarks/tools/profile_host.py --dtype autocast --batch 4 --builds samhq-sdpa,inductor-sdpa
                                             # the frozen encoder of finetune_samhq.py --train decoder
+  python benchmarks/tools/profile_host.py --what decoder --batch 4 ...
+                                            # that recipe's whole step (encoder, mask decoder, AdamW)
 Writes DIR/profile_host_<model>_<what>_<dtype>_b<batch>.json and prints a table.
 """
 
@@ -68,16 +71,24 @@ BUILDS = {
 
 def build_encoder(model: str, attn: str, dtype: str, what: str, device):
     """Inference in bf16 casts the model (no master weights); training, and inference in "autocast", keep fp32 weights
-    under bf16 autocast ("autocast" inference is the frozen encoder of finetune_samhq.py's decoder recipe)."""
-    from transformers import SamHQVisionModel
+    under bf16 autocast ("autocast" inference is the frozen encoder of finetune_samhq.py's decoder recipe). "decoder"
+    builds the whole SamHQModel, with only its mask decoder trainable (the recipe's step)."""
+    from transformers import SamHQModel, SamHQVisionModel
 
-    from samhq_fx.models import random_init_, vision_config
+    from samhq_fx.models import random_init_, sam_hq_config, vision_config
 
+    if what == "decoder":
+        core = random_init_(SamHQModel(sam_hq_config(attn, full=True, size=model)))
+        for name, p in core.named_parameters():
+            p.requires_grad_(name.startswith("mask_decoder."))
+        return core.to(device).train()
     enc = random_init_(SamHQVisionModel(vision_config(model, attn)))
     return enc.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" and what == "infer" else torch.float32)
 
 
 def make_call(enc, what: str, dtype: str, batch: int, device):
+    if what == "decoder":
+        return decoder_step(enc, batch, device)
     size = enc.config.image_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, size, size, generator=gen).to(device, next(enc.parameters()).dtype)
@@ -102,6 +113,34 @@ def make_call(enc, what: str, dtype: str, batch: int, device):
     return infer if what == "infer" else train
 
 
+def decoder_step(core, batch: int, device):
+    """One step of finetune_samhq.py --train decoder on fixed inputs (no data loader): the compiled encoder under
+    no_grad, the eager prompt encoder and mask decoder forward and backward under bf16 autocast, an AdamW step."""
+    gen = torch.Generator().manual_seed(0)
+    size = core.config.vision_config.image_size
+    x = torch.randn(batch, 3, size, size, generator=gen).to(device)
+    corner = torch.rand(batch, 1, 2, generator=gen) * size / 2
+    boxes = torch.cat([corner, corner + size / 4], -1).to(device)  # [B, 1, 4] xyxy
+    side = 4 * size // core.config.vision_config.patch_size
+    target = (torch.rand(batch, side, side, generator=gen) > 0.5).float().to(device)
+    opt = torch.optim.AdamW([p for p in core.parameters() if p.requires_grad], lr=1e-3)
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            with torch.no_grad():
+                vis = core.vision_encoder(x)
+            out = core(image_embeddings=vis.last_hidden_state, intermediate_embeddings=vis.intermediate_embeddings,
+                       input_boxes=boxes, multimask_output=False, hq_token_only=True)
+            logits = out.pred_masks[:, 0, 0].float()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
 def interleaved_walls(calls: dict, n: int, sync_after: bool = True) -> dict[str, list[float]]:
     """n calls of every build from an idle GPU, one call of each in turn (the order rotated every turn): a host
     whose speed drifts over seconds (lent machines do, by up to 1.7x between rounds of 20 calls) slows every build
@@ -121,6 +160,17 @@ def interleaved_walls(calls: dict, n: int, sync_after: bool = True) -> dict[str,
             out[name].append((time.perf_counter() - t) * 1e3)
     torch.cuda.synchronize()
     return out
+
+
+def call_peak_mib(call) -> float:
+    """What one call allocates at its peak above what was live before it (activations and workspace; the weights,
+    and every other build's, are live before it): torch.cuda.max_memory_allocated over the call."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def gpu_profile(call, calls: int = 3) -> dict:
@@ -254,7 +304,8 @@ def main():
                     help="inference: bf16 weights and input, fp32 at TF32, or fp32 weights under bf16 autocast; "
                          "training: bf16 autocast (bf16, autocast) or TF32")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--what", default="infer", choices=("infer", "train"))
+    ap.add_argument("--what", default="infer", choices=("infer", "train", "decoder"),
+                    help="encoder inference; encoder forward + backward; the decoder recipe's whole step")
     ap.add_argument("--builds", default=",".join(BUILDS))
     ap.add_argument("--iters", type=int, default=20, help="synchronized calls per timing round")
     ap.add_argument("--rounds", type=int, default=3,
@@ -283,7 +334,11 @@ def main():
         kw = {"backend": backend}
         if options:
             kw["options"] = options
-        call = make_call(torch.compile(enc, **kw), args.what, args.dtype, args.batch, device)
+        if args.what == "decoder":  # the recipe compiles the encoder module in place
+            enc.vision_encoder.compile(**kw)
+            call = make_call(enc, args.what, args.dtype, args.batch, device)
+        else:
+            call = make_call(torch.compile(enc, **kw), args.what, args.dtype, args.batch, device)
         rewrite.GRID_TERMS = name != "samhq-rel-rows"
         t = time.perf_counter()
         call()
@@ -309,6 +364,7 @@ def main():
                    wall_ms_quartiles=statistics.quantiles(all_w, n=4),
                    issue_ms=statistics.median(issued[name]))
         row.update(gpu_profile(call))
+        row["call_peak_mib"] = call_peak_mib(call)
         # busy against the unprofiled wall: the profiler's own host work slows a host-bound call
         row["gpu_busy_profiled"], row["gpu_busy"] = row["gpu_busy"], row["gpu_ms"] / row["wall_ms"]
         row["host_ms"] = row["wall_ms"] - row["gpu_ms"]
@@ -316,7 +372,7 @@ def main():
         result["builds"][name] = row
         print(f"{name:22s} wall {row['wall_ms']:7.2f} ms (rounds " + " ".join(f"{x:.2f}" for x in w) + ")  issue "
               f"{row['issue_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy {100 * row['gpu_busy']:4.0f}%  launches "
-              f"{row['launches']:6.0f}  fused {row['fused']}", flush=True)
+              f"{row['launches']:6.0f}  peak +{row['call_peak_mib']:.0f} MiB  fused {row['fused']}", flush=True)
         if args.pieces and name == "samhq":
             result["pieces"] = op_pieces(enc, args.batch, torch.float32 if args.dtype == "tf32" else torch.bfloat16)
         with open(path, "w") as f:  # after every build: a later one that fails or runs out of time loses nothing
