@@ -316,11 +316,15 @@ SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 def default_mode_rows(payloads: list[dict]) -> list[dict]:
     """One row per (cell, build) of benchmarks/tools/profile_host.py results: wall, GPU and host ms (wall - GPU) and
-    GPU busy, the cell named by its model, what, dtype and batch; builds without a wall (cut runs) left out."""
+    GPU busy, the cell named by its model, what, dtype and batch; builds without a wall (cut runs) left out. A file
+    that gathers several runs ({"cells": {key: run, ...}}, e.g. profile_host_vit-l_infer_h200.json) gives a cell per
+    run, named by its model and key."""
     rows = []
-    for p in payloads:
+    runs = [(p, None) for p in payloads if "cells" not in p]
+    runs += [(run, key) for p in payloads for key, run in p.get("cells", {}).items()]
+    for p, key in runs:
         a = p["args"]
-        cell = f"{a['model']} {a['what']} {a['dtype']} B={a['batch']}"
+        cell = f"{a['model']} {a['what']} {key}" if key else f"{a['model']} {a['what']} {a['dtype']} B={a['batch']}"
         for name, b in p["builds"].items():
             if b.get("wall_ms") is not None:
                 rows.append(dict(cell=cell, build=name, wall_ms=b["wall_ms"], gpu_ms=b["gpu_ms"],
@@ -334,8 +338,12 @@ def default_mode_chart(rows: list[dict], path: str) -> str:
     if plt is None:
         return f"matplotlib not importable: skipped chart {path}"
     cells = _first_seen(rows, "cell")
-    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells) + 1, 4.5), squeeze=False)
-    for ax, cell in zip(axes[0], cells):
+    ncols = min(6, len(cells))  # rows of at most 6 panels, so that a dozen cells stay readable
+    nrows = -(-len(cells) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols + 1, 4.5 * nrows), squeeze=False)
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
+    for ax, cell in zip(axes.flat, cells):
         mine = [r for r in rows if r["cell"] == cell]
         xs = range(len(mine))
         colors = ["C0" if r["build"].startswith("samhq") else "C1" for r in mine]

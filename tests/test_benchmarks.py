@@ -559,3 +559,7 @@ def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "inductor-sdpa" in out and "2.50" in out
     assert (tmp_path / "chart.png").exists() or "matplotlib not importable" in out
+    # a file gathering several runs gives one cell per run, named by its key
+    gathered = {"cells": {"bf16_b8_sdpa": {**payload, "args": {**payload["args"], "batch": 8}}, "bf16_b1": payload}}
+    cells = [r["cell"] for r in plot.default_mode_rows([payload, gathered])]
+    assert cells == ["vit-b infer bf16 B=1"] * 2 + ["vit-b infer bf16_b8_sdpa"] * 2 + ["vit-b infer bf16_b1"] * 2
