@@ -70,7 +70,7 @@ def parse_args(argv):
     p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (always at the end)")
     p.add_argument("--eval-every", type=int, default=None, help="validate every N steps (default: 4 times a run)")
     p.add_argument("--workers", type=int, default=None, help="data-loading processes (default: 4 on GPU, 0 on CPU)")
-    p.add_argument("--seed", type=int, default=None, help="data split, order, jitter and points (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="data split, order, jitter, points and LoRA init (default 0)")
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa", help="HF attn_implementation")
     p.add_argument("--backend", default="samhq", help="torch.compile backend for the encoder (samhq, inductor, none)")
     p.add_argument("--mode", default=None, help="torch.compile mode, e.g. reduce-overhead")
@@ -168,6 +168,7 @@ def main(argv=None):
         samples = samhq_data.scan(data_dir)
     train_set, val_set = samhq_data.split(samples, args.data or out / "data", args.val_fraction, args.seed)
     if not args.resume:
+        torch.manual_seed(args.seed)  # LoRA's adapters draw their init from the global RNG: one --seed, one run
         trained = io.prepare(model, args.train, args.lora_rank)
         core = io.core_model(trained)
     per_epoch = max(1, len(train_set) // args.batch)
