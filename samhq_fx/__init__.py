@@ -9,13 +9,16 @@ to Inductor. `samhq_fx.rel_pos_attention` is the same op as a plain function.
 
     model = samhq_fx.compile_encoder(model)   # a SamModel / SamHQModel: only its vision encoder, in place
     Trainer(model=model, args=..., callbacks=[samhq_fx.SamHQCompileCallback()])   # the same, in HF Trainer
+    samhq_fx.cast_frozen_weights_(model)      # before the first call, under bf16 autocast: frozen Linear / conv
+                                              # weights held in bf16 (the same bits, no per-call weight casts)
 """
 
 from .compile import compile_encoder
+from .frozen import cast_frozen_weights_
 from .op import rel_pos_attention
 
 __version__ = "0.1.0"
-__all__ = ["SamHQCompileCallback", "compile_encoder", "rel_pos_attention", "__version__"]
+__all__ = ["SamHQCompileCallback", "cast_frozen_weights_", "compile_encoder", "rel_pos_attention", "__version__"]
 
 
 def __getattr__(name):
