@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
+import samhq_fx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper modules beside this file
 import samhq_data  # noqa: E402
 import samhq_metrics  # noqa: E402
@@ -65,6 +67,9 @@ def parse_args(argv):
     p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {DEFAULT_LR})")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: 10%% of the steps)")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="autocast (default: on GPU)")
+    p.add_argument("--cast-frozen", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --bf16: keep the frozen Linear / conv weights in bf16 (samhq_fx.cast_frozen_weights_; "
+                        "the same bits, no per-step weight casts)")
     p.add_argument("--out", default="finetune_out", help="checkpoints, metrics.jsonl, curves.png")
     p.add_argument("--resume", default=None, help="a checkpoint-<step> folder to continue from")
     p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (always at the end)")
@@ -176,6 +181,10 @@ def main(argv=None):
     lr = args.lr or DEFAULT_LR[args.train]
     warmup = args.warmup if args.warmup is not None else max(1, total // 10)
     eval_every = args.eval_every or max(1, total // 4)
+    if bf16 and args.cast_frozen:  # frozen weights need no fp32 master: cast once, not every step (same bits)
+        cast = samhq_fx.cast_frozen_weights_(core)
+        if cast:
+            print(f"frozen Linear / conv layers kept in bf16: {cast}")
     core.to(device).train()
 
     options = {}

@@ -133,6 +133,13 @@ def save_checkpoint(out: Path, step: int, trained, mode: str, spec: str, process
         base, _ = load(spec)
         merged = PeftModel.from_pretrained(base, tmp / "adapter").merge_and_unload()
         save_model(merged, processor, tmp / "model")
+    elif mode == "decoder":
+        # the trained mask decoder into a freshly loaded base: the frozen rest may be held in bf16 for training
+        # (samhq_fx.cast_frozen_weights_), and the checkpoint keeps the base's own weights
+        base, _ = load(spec)
+        prefix = "mask_decoder."
+        base.load_state_dict({k: v for k, v in trained.state_dict().items() if k.startswith(prefix)}, strict=False)
+        save_model(base, processor, tmp / "model")
     else:
         save_model(trained, processor, tmp / "model")
     torch.save(dict(state, step=step, train=mode, model=spec), tmp / "trainer_state.pt")

@@ -81,6 +81,26 @@ def test_train_mode_fused_trains_its_part_and_resumes_exactly(tiny, tmp_path, mo
     assert not _changed(after, resumed, "")
 
 
+@pytest.mark.parametrize("mode", ["decoder", "lora"])
+def test_bf16_recipes_hold_frozen_weights_in_bf16_with_the_same_losses(tiny, tmp_path, capsys, mode):
+    # --cast-frozen (on by default) changes no bit of the losses, and the checkpoint keeps the base's fp32 weights
+    model_dir, data = tiny
+    common = ["--model", str(model_dir), "--data", str(data), "--train", mode, "--steps", "2", "--bf16",
+              "--no-check", "--eval-every", "2"]
+    held = _run(common + ["--out", str(tmp_path / "held")])
+    assert "frozen Linear / conv layers kept in bf16: " in capsys.readouterr().out
+    plain = _run(common + ["--out", str(tmp_path / "plain"), "--no-cast-frozen"])
+    assert "kept in bf16" not in capsys.readouterr().out
+    assert held["fused"] == plain["fused"] == 2
+    assert held["losses"] == plain["losses"] and held["evals"] == plain["evals"]
+    before = load_file(model_dir / "model.safetensors")
+    after = load_file(tmp_path / "held" / "checkpoint-2" / "model" / "model.safetensors")
+    assert {k: v.dtype for k, v in after.items()} == {k: v.dtype for k, v in before.items()}
+    assert not _changed(before, after, "prompt_encoder.") and _changed(before, after, "mask_decoder.")
+    mlp = {k for k in before if k.startswith("vision_encoder.layers.") and ".mlp." in k}
+    assert mlp and not _changed(before, after, "vision_encoder.") & mlp  # frozen in both: saved as loaded
+
+
 def test_bad_model_and_data_stop_before_writing(tiny, tmp_path):
     model_dir, data = tiny
     from transformers import SamConfig
