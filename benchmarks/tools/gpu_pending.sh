@@ -4,10 +4,12 @@
 # parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
-#                                                     # forward + backward, AdamW; batch 4): samhq against Inductor
-#                                                     # on HF's "sdpa" class and Inductor on the "eager" class
-#   bash benchmarks/tools/gpu_pending.sh train-b4     # ViT-B forward + backward at batch 4, samhq and Inductor
-#   bash benchmarks/tools/gpu_pending.sh vit-l        # ViT-L inference bf16 B=1 and B=8, TF32 B=1 (~8 min)
+#                                                     # forward + backward, AdamW; batch 4), samhq and Inductor on
+#                                                     # HF's "sdpa" class, each with and without its frozen weights
+#                                                     # held in bf16 (cast_frozen_weights_; ~5 min)
+#   bash benchmarks/tools/gpu_pending.sh tf32-train   # ViT-B forward + backward in TF32 at batch 1, samhq and Inductor
+#   bash benchmarks/tools/gpu_pending.sh vit-l        # ViT-L inference cells not timed yet: TF32 B=8, bf16 B=1 against
+#                                                     # Inductor's "eager" class (ViT-L compiles ~60 s a build)
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train  # ViT-H training step, samhq and Inductor in one process
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
 # Writes logs and JSON under ${OUT:-gpu_pending_out}.
@@ -25,23 +27,20 @@ tests)
     timeout 400 python -m pytest -v -rf -m gpu -n 12 tests/ > "$OUT/tests.log" 2>&1
     grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -8 ;;
 decoder)
-    timeout 290 python $PH --what decoder --batch 4 --builds samhq-sdpa,inductor-sdpa,inductor-eager \
+    timeout 330 python $PH --what decoder --batch 4 --builds samhq-sdpa,samhq-sdpa-held,inductor-sdpa,inductor-sdpa-held \
         --iters 10 --rounds 5 --out "$OUT" > "$OUT/decoder.log" 2>&1
     grep -E "wall|cudaStreamSynchronize|cudaMemcpy" "$OUT/decoder.log" ;;
-train-b4)
-    timeout 280 python $PH --what train --batch 4 --builds samhq,inductor-sdpa --iters 5 --rounds 4 \
-        --out "$OUT" > "$OUT/train-b4.log" 2>&1
-    grep -E "wall" "$OUT/train-b4.log" ;;
+tf32-train)
+    timeout 330 python $PH --what train --dtype tf32 --builds samhq,inductor-eager --iters 5 --rounds 4 \
+        --out "$OUT" > "$OUT/tf32-train.log" 2>&1
+    grep -E "wall" "$OUT/tf32-train.log" ;;
 vit-l)
-    timeout 200 python $PH --model vit-l --what infer --builds samhq,inductor-sdpa,inductor-eager \
-        --iters 10 --rounds 5 --out "$OUT" > "$OUT/vit-l-bf16-b1.log" 2>&1
-    grep -E "wall" "$OUT/vit-l-bf16-b1.log"
-    timeout 150 python $PH --model vit-l --what infer --batch 8 --builds samhq,inductor-sdpa \
-        --iters 5 --rounds 4 --out "$OUT" > "$OUT/vit-l-bf16-b8.log" 2>&1
-    grep -E "wall" "$OUT/vit-l-bf16-b8.log"
-    timeout 200 python $PH --model vit-l --what infer --dtype tf32 --builds samhq,inductor-eager,inductor-sdpa \
-        --iters 10 --rounds 5 --out "$OUT" > "$OUT/vit-l-tf32-b1.log" 2>&1
-    grep -E "wall" "$OUT/vit-l-tf32-b1.log" ;;
+    timeout 220 python $PH --model vit-l --what infer --dtype tf32 --batch 8 --builds samhq,inductor-eager \
+        --iters 5 --rounds 4 --out "$OUT/tf32-b8" > "$OUT/vit-l-tf32-b8.log" 2>&1
+    grep -E "wall" "$OUT/vit-l-tf32-b8.log"
+    timeout 220 python $PH --model vit-l --what infer --builds samhq,inductor-eager \
+        --iters 10 --rounds 4 --out "$OUT/bf16-b1" > "$OUT/vit-l-bf16-b1.log" 2>&1
+    grep -E "wall" "$OUT/vit-l-bf16-b1.log" ;;
 vit-h-train)
     timeout 590 python benchmarks/train_step.py --model vit-h --impls samhq-eager,inductor --modes default \
         --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" > "$OUT/vit-h-train.log" 2>&1
@@ -50,6 +49,6 @@ d80)
     timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
     tail -12 "$OUT/d80.log" ;;
 *)
-    echo "usage: $0 [tests|decoder|train-b4|vit-l|vit-h-train|d80]..." >&2; exit 2 ;;
+    echo "usage: $0 [tests|decoder|tf32-train|vit-l|vit-h-train|d80]..." >&2; exit 2 ;;
 esac
 done

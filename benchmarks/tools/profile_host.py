@@ -69,6 +69,11 @@ BUILDS = {
 }
 
 
+# a build name with this suffix ("samhq-sdpa-held") is that build with the model's frozen Linear / conv weights held
+# in bf16 (samhq_fx.cast_frozen_weights_): for --what decoder and --dtype autocast, where autocast casts them per call
+HELD = "-held"
+
+
 def build_encoder(model: str, attn: str, dtype: str, what: str, device):
     """Inference in bf16 casts the model (no master weights); training, and inference in "autocast", keep fp32 weights
     under bf16 autocast ("autocast" inference is the frozen encoder of finetune_samhq.py's decoder recipe). "decoder"
@@ -82,7 +87,7 @@ def build_encoder(model: str, attn: str, dtype: str, what: str, device):
         for name, p in core.named_parameters():
             p.requires_grad_(name.startswith("mask_decoder."))
         return core.to(device).train()
-    enc = random_init_(SamHQVisionModel(vision_config(model, attn)))
+    enc = random_init_(SamHQVisionModel(vision_config(model, attn))).requires_grad_(what == "train")
     return enc.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" and what == "infer" else torch.float32)
 
 
@@ -306,7 +311,9 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--what", default="infer", choices=("infer", "train", "decoder"),
                     help="encoder inference; encoder forward + backward; the decoder recipe's whole step")
-    ap.add_argument("--builds", default=",".join(BUILDS))
+    ap.add_argument("--builds", default=",".join(BUILDS),
+                    help=f"comma list of {', '.join(BUILDS)}; a name ending in {HELD!r}: that build with its frozen "
+                         "Linear / conv weights held in bf16 (--what decoder, --dtype autocast)")
     ap.add_argument("--iters", type=int, default=20, help="synchronized calls per timing round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="timing rounds of --iters calls per build, the builds' calls interleaved one by one")
@@ -317,6 +324,7 @@ def main():
     device = torch.device("cuda")
     from torch._dynamo.utils import counters
 
+    import samhq_fx
     from samhq_fx import rewrite
 
     result = {"args": vars(args), "torch": torch.__version__, "triton": triton.__version__, "builds": {}}
@@ -328,9 +336,12 @@ def main():
     names = args.builds.split(",")
     built = {}
     for name in names:
-        attn, backend, options = BUILDS[name]
+        held = name.endswith(HELD)
+        attn, backend, options = BUILDS[name.removesuffix(HELD)]
         counters.clear()
         enc = build_encoder(args.model, attn, args.dtype, args.what, device)
+        if held:
+            row_cast = samhq_fx.cast_frozen_weights_(enc)
         kw = {"backend": backend}
         if options:
             kw["options"] = options
@@ -346,6 +357,8 @@ def main():
         rewrite.GRID_TERMS = True
         row = {"compile_s": time.perf_counter() - t, "fused": counters["samhq"]["fused"],
                "graph_breaks": sum(counters["graph_break"].values())}
+        if held:
+            row["frozen_layers_in_bf16"] = row_cast
         for _ in range(3):
             call()
         built[name] = (enc, call, row)
