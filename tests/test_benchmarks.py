@@ -8,6 +8,7 @@ calls) and of the extra layers the runner adds (SDPA and FlexAttention variants 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import sys
@@ -563,3 +564,26 @@ def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys)
     gathered = {"cells": {"bf16_b8_sdpa": {**payload, "args": {**payload["args"], "batch": 8}}, "bf16_b1": payload}}
     cells = [r["cell"] for r in plot.default_mode_rows([payload, gathered])]
     assert cells == ["vit-b infer bf16 B=1"] * 2 + ["vit-b infer bf16_b8_sdpa"] * 2 + ["vit-b infer bf16_b1"] * 2
+
+
+def test_profile_host_decoder_step_trains_only_the_decoder_and_held_weights_keep_its_bits():
+    # the decoder recipe's step that profile_host times: the frozen encoder and prompt encoder stay as they are, the
+    # mask decoder moves, and the "-held" build (frozen weights in bf16) computes the same losses bit for bit
+    pytest.importorskip("transformers")
+    import profile_host
+    from transformers import SamHQModel
+
+    import samhq_fx
+    from samhq_fx.models import random_init_, sam_hq_config
+
+    core = random_init_(SamHQModel(sam_hq_config("sdpa")))
+    for name, p in core.named_parameters():
+        p.requires_grad_(name.startswith("mask_decoder."))
+    held = copy.deepcopy(core)
+    assert samhq_fx.cast_frozen_weights_(held) > 0
+    before = {k: v.clone() for k, v in core.state_dict().items()}
+    steps = [profile_host.decoder_step(m, 2, torch.device("cpu")) for m in (core, held)]
+    losses = [[step().item() for _ in range(2)] for step in steps]
+    assert losses[0] == losses[1] and all(torch.isfinite(torch.tensor(losses[0])))
+    moved = {k for k, v in core.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved and all(k.startswith("mask_decoder.") for k in moved)

@@ -131,7 +131,7 @@ def decoder_step(core, batch: int, device):
     opt = torch.optim.AdamW([p for p in core.parameters() if p.requires_grad], lr=1e-3)
 
     def step():
-        with torch.autocast("cuda", torch.bfloat16):
+        with torch.autocast(device.type, torch.bfloat16):
             with torch.no_grad():
                 vis = core.vision_encoder(x)
             out = core(image_embeddings=vis.last_hidden_state, intermediate_embeddings=vis.intermediate_embeddings,
