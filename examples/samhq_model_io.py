@@ -31,6 +31,7 @@ from samhq_fx.models import VIT_SIZES, random_init_, sam_hq_config
 TRAIN_MODES = ("decoder", "lora", "full")
 # The vision encoder's attention projections; the fused op sits between them, so LoRA here keeps it fused.
 LORA_TARGETS = r"vision_encoder\.layers\.\d+\.attn\.(qkv|proj)"
+DECODER = "mask_decoder."  # the parameters --train decoder trains (and its checkpoints take from the run)
 
 
 class ModelError(ValueError):
@@ -110,7 +111,7 @@ def prepare(model: SamHQModel, mode: str, lora_rank: int = 8):
                          modules_to_save=["mask_decoder"])
         return get_peft_model(model, cfg)
     for name, p in model.named_parameters():
-        p.requires_grad_(mode == "full" or name.startswith("mask_decoder."))
+        p.requires_grad_(mode == "full" or name.startswith(DECODER))
     return model
 
 
@@ -133,12 +134,11 @@ def save_checkpoint(out: Path, step: int, trained, mode: str, spec: str, process
         base, _ = load(spec)
         merged = PeftModel.from_pretrained(base, tmp / "adapter").merge_and_unload()
         save_model(merged, processor, tmp / "model")
-    elif mode == "decoder":
-        # the trained mask decoder into a freshly loaded base: the frozen rest may be held in bf16 for training
-        # (samhq_fx.cast_frozen_weights_), and the checkpoint keeps the base's own weights
+    elif mode == "decoder" and any(p.dtype != torch.float32 for p in trained.parameters()):
+        # the frozen rest is held in bf16 for training (samhq_fx.cast_frozen_weights_): the trained mask decoder
+        # goes into a freshly loaded base, so the checkpoint keeps the base's own fp32 weights
         base, _ = load(spec)
-        prefix = "mask_decoder."
-        base.load_state_dict({k: v for k, v in trained.state_dict().items() if k.startswith(prefix)}, strict=False)
+        base.load_state_dict({k: v for k, v in trained.state_dict().items() if k.startswith(DECODER)}, strict=False)
         save_model(base, processor, tmp / "model")
     else:
         save_model(trained, processor, tmp / "model")
