@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0) or measures one still open
-# (d80). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
+# (ro-infer, ro-train, vit-l-train, vit-h-train2, d80). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
 # training 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
@@ -12,6 +12,14 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-l        # ViT-L inference cells not timed yet: TF32 B=8, bf16 B=1 against
 #                                                     # Inductor's "eager" class (ViT-L compiles ~60 s a build)
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train  # ViT-H training step, samhq and Inductor in one process
+#   bash benchmarks/tools/gpu_pending.sh ro-infer     # the reduce-overhead inference cells not yet timed against
+#                                                     # Inductor's "sdpa" class: bf16 B=8, TF32 B=1 and B=8 (~20 s a
+#                                                     # build; bf16 B=1 ran at c5401c0)
+#   bash benchmarks/tools/gpu_pending.sh ro-train     # the reduce-overhead training step at bf16 B=4 against both
+#                                                     # Inductor classes (ViT-B trains ~120 s a build)
+#   bash benchmarks/tools/gpu_pending.sh vit-l-train  # ViT-L training step, bf16 B=1, samhq and Inductor in one process
+#   bash benchmarks/tools/gpu_pending.sh vit-h-train2 # ViT-H training step at batch 2 (where activations weigh more
+#                                                     # against the fixed weight and AdamW state)
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
 # Writes logs and JSON under ${OUT:-gpu_pending_out}.
 set -uo pipefail
@@ -46,10 +54,31 @@ vit-h-train)
     timeout 590 python benchmarks/train_step.py --model vit-h --impls samhq-eager,inductor --modes default \
         --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" > "$OUT/vit-h-train.log" 2>&1
     tail -4 "$OUT/vit-h-train.log" ;;
+ro-infer)
+    timeout 280 python benchmarks/inference.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --batch 8 \
+        --dtype bf16,tf32 --iters 20 --time-budget 260 --out "$OUT/ro-b8" > "$OUT/ro-infer-b8.log" 2>&1
+    tail -3 "$OUT/ro-infer-b8.log"
+    timeout 150 python benchmarks/inference.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --batch 1 \
+        --dtype tf32 --iters 20 --time-budget 130 --out "$OUT/ro-b1" > "$OUT/ro-infer-b1.log" 2>&1
+    tail -3 "$OUT/ro-infer-b1.log" ;;
+ro-train)
+    timeout 590 python benchmarks/train_step.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --modes \
+        reduce-overhead --batch 4 --dtype bf16 --steps 10 --warmup 3 --time-budget 570 --out "$OUT" \
+        > "$OUT/ro-train.log" 2>&1
+    tail -4 "$OUT/ro-train.log" ;;
+vit-l-train)
+    timeout 590 python benchmarks/train_step.py --model vit-l --impls samhq-eager,inductor --modes default \
+        --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" > "$OUT/vit-l-train.log" 2>&1
+    tail -4 "$OUT/vit-l-train.log" ;;
+vit-h-train2)
+    timeout 590 python benchmarks/train_step.py --model vit-h --impls samhq-eager,inductor --modes default \
+        --batch 2 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" > "$OUT/vit-h-train2.log" 2>&1
+    tail -4 "$OUT/vit-h-train2.log" ;;
 d80)
     timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
     tail -12 "$OUT/d80.log" ;;
 *)
-    echo "usage: $0 [tests|decoder|tf32-train|vit-l|vit-h-train|d80]..." >&2; exit 2 ;;
+    echo "usage: $0 [tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80]..." >&2
+    exit 2 ;;
 esac
 done
