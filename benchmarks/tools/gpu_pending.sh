@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
-# recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0) or measures one still open
-# (ro-infer, ro-train, vit-l-train, vit-h-train2, d80). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
+# recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train and
+# vit-l-train on its code, 2026-12-03) or measures one still open (vit-h-train2, d80). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
 # training 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
