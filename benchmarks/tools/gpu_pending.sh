@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train and
-# vit-l-train on its code, 2026-12-03) or measures one still open (vit-h-train2, d80). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
+# vit-l-train on its code, 2026-12-03) or measures one still open (vit-h-train2, d80, ro-train-b1, tf32-train-b4,
+# vit-h-infer). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
 # training 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
@@ -21,6 +22,12 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train2 # ViT-H training step at batch 2 (where activations weigh more
 #                                                     # against the fixed weight and AdamW state)
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
+#   bash benchmarks/tools/gpu_pending.sh ro-train-b1  # the reduce-overhead training step at batch 1, bf16 and TF32,
+#                                                     # against both Inductor classes (6 ViT-B training builds)
+#   bash benchmarks/tools/gpu_pending.sh tf32-train-b4 # ViT-B forward + backward in TF32 at batch 4, samhq and both
+#                                                     # Inductor classes
+#   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference cells not timed yet: bf16 B=8, TF32 B=1
+#                                                     # against Inductor's "sdpa" and "eager" classes
 # Writes logs and JSON under ${OUT:-gpu_pending_out}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -77,8 +84,24 @@ vit-h-train2)
 d80)
     timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
     tail -12 "$OUT/d80.log" ;;
+ro-train-b1)
+    timeout 590 python benchmarks/train_step.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --modes \
+        reduce-overhead --batch 1 --dtype bf16,tf32 --steps 10 --warmup 3 --time-budget 570 --out "$OUT" \
+        > "$OUT/ro-train-b1.log" 2>&1
+    tail -5 "$OUT/ro-train-b1.log" ;;
+tf32-train-b4)
+    timeout 500 python $PH --what train --dtype tf32 --batch 4 --builds samhq,inductor-eager,inductor-sdpa \
+        --iters 5 --rounds 4 --out "$OUT" > "$OUT/tf32-train-b4.log" 2>&1
+    grep -E "wall" "$OUT/tf32-train-b4.log" ;;
+vit-h-infer)
+    timeout 290 python $PH --model vit-h --what infer --batch 8 --builds samhq,inductor-sdpa,inductor-eager \
+        --iters 5 --rounds 3 --out "$OUT/vit-h-bf16-b8" > "$OUT/vit-h-bf16-b8.log" 2>&1
+    grep -E "wall" "$OUT/vit-h-bf16-b8.log"
+    timeout 290 python $PH --model vit-h --what infer --dtype tf32 --builds samhq,inductor-sdpa,inductor-eager \
+        --iters 10 --rounds 3 --out "$OUT/vit-h-tf32-b1" > "$OUT/vit-h-tf32-b1.log" 2>&1
+    grep -E "wall" "$OUT/vit-h-tf32-b1.log" ;;
 *)
-    echo "usage: $0 [tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80]..." >&2
+    echo "usage: $0 [tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80|ro-train-b1|tf32-train-b4|vit-h-infer]..." >&2
     exit 2 ;;
 esac
 done
