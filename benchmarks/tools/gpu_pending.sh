@@ -101,7 +101,8 @@ vit-h-infer)
         --iters 10 --rounds 3 --out "$OUT/vit-h-tf32-b1" > "$OUT/vit-h-tf32-b1.log" 2>&1
     grep -E "wall" "$OUT/vit-h-tf32-b1.log" ;;
 *)
-    echo "usage: $0 [tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80|ro-train-b1|tf32-train-b4|vit-h-infer]..." >&2
+    parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80"
+    echo "usage: $0 [$parts|ro-train-b1|tf32-train-b4|vit-h-infer]..." >&2
     exit 2 ;;
 esac
 done
