@@ -195,6 +195,10 @@ TABLE = [
     ("dkdv", dict(fp32=True, min_d=D_64 + 1), dict(BLOCK_M=16),
      "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM as D=64 has at 32 (global 84 KB, windows 88 KB); "
      "32: 1 CTA (128 KB, 136 KB; 6a846b9, 2026-12-01)"),
+    ("dkdv", dict(prec="tf32", min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=3),
+     "fp32 high D=80 global bwd us, 16-query dK/dV 2 -> 3 stages: 16 x 64x64 3170 -> 2622 (108 KB, 2 CTAs per SM); "
+     "32-query steps at 3 stages 3125, at 2 3622; windows (400 x 14x14) keep 2: 540 against 615 "
+     "(sweep_kernels.py --d80-fp32; 'highest' has 3 from the fp32 row; 21c92f2, 2026-12-03)"),
     # the one fp32 launch on 9- to 16-wide grids holds dQ's 64 x 64 tiles and dK/dV's at once: 253 KB at 3 stages
     # ('high'; 264 KB 'highest'), over the 227 KB a CTA may have (OutOfResources on the H200 at 24 x 14x14)
     ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),

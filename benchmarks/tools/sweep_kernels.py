@@ -243,6 +243,8 @@ SMALL_STEP_CANDS = {
 # with Triton 3.9, 2026-12-02), global / windows: dK/dV shipped (16, 2 stages) 84 / 88 KB, 2 CTAs per SM; 32 at 2
 # stages 128 / 136 KB, 1; 32 at 3 stages 176 / 192 KB, 1; 16 at 3 stages 108 / 116 KB, 2 / 1. dQ shipped 200 KB
 # (8 warps, 2 stages) / 85 KB, 1 / 2 CTAs; 64 queries, 4 warps, 2 stages 160 / 70 KB, 1 / 3; 3 stages 220 / 85 KB.
+# Measured (H200, 2026-12-03, results/sweep_d80_fp32_h200.json): dK/dV at 16 queries and 3 stages, backward 3170 ->
+# 2622 us global (now shipped there), 540 -> 615 windows; the others lost.
 D80_SHAPES = [(64, 1), (14, 25)]
 D80_CANDS = {
     "dkdv": [dict(BLOCK_M=32, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=3),
