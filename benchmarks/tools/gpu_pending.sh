@@ -2,7 +2,7 @@
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train,
 # vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03) or measures one still open
-# (vit-h-train2). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
+# (vit-h-train2, ro-train-tf32-b4, infer-both, train-both-*). Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H
 # training 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
@@ -28,6 +28,13 @@
 #                                                     # Inductor classes
 #   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference cells not timed yet: bf16 B=8, TF32 B=1
 #                                                     # against Inductor's "sdpa" and "eager" classes
+#   bash benchmarks/tools/gpu_pending.sh ro-train-tf32-b4 # the reduce-overhead training step in TF32 at batch 4
+#                                                     # against both Inductor classes
+#   bash benchmarks/tools/gpu_pending.sh infer-both   # default-mode ViT-B inference cells timed so far against one
+#                                                     # Inductor class: bf16 B=1 and B=8, TF32 B=8, with both
+#   bash benchmarks/tools/gpu_pending.sh train-both-b1   # default-mode ViT-B forward + backward with both Inductor
+#   bash benchmarks/tools/gpu_pending.sh train-both-b4   # classes where one was timed: bf16 B=1, bf16 B=4, TF32 B=1
+#   bash benchmarks/tools/gpu_pending.sh train-both-tf32 # (3 training builds each, ~80-115 s a build)
 # Writes logs and JSON under ${OUT:-gpu_pending_out}.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -100,9 +107,27 @@ vit-h-infer)
     timeout 290 python $PH --model vit-h --what infer --dtype tf32 --builds samhq,inductor-sdpa,inductor-eager \
         --iters 10 --rounds 3 --out "$OUT/vit-h-tf32-b1" > "$OUT/vit-h-tf32-b1.log" 2>&1
     grep -E "wall" "$OUT/vit-h-tf32-b1.log" ;;
+ro-train-tf32-b4)
+    timeout 590 python benchmarks/train_step.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --modes \
+        reduce-overhead --batch 4 --dtype tf32 --steps 10 --warmup 3 --time-budget 570 --out "$OUT" \
+        > "$OUT/ro-train-tf32-b4.log" 2>&1
+    tail -4 "$OUT/ro-train-tf32-b4.log" ;;
+infer-both)
+    for cell in "bf16 1 20" "bf16 8 5" "tf32 8 5"; do  # dtype, batch, calls per round
+        read -r dt b it <<< "$cell"
+        timeout 190 python $PH --what infer --dtype "$dt" --batch "$b" --builds samhq,inductor-sdpa,inductor-eager \
+            --iters "$it" --rounds 4 --out "$OUT" > "$OUT/infer-both-$dt-b$b.log" 2>&1
+        grep -E "wall" "$OUT/infer-both-$dt-b$b.log"
+    done ;;
+train-both-b1|train-both-b4|train-both-tf32)
+    case "$part" in train-both-b1) dt=bf16 b=1 ;; train-both-b4) dt=bf16 b=4 ;; *) dt=tf32 b=1 ;; esac
+    timeout 500 python $PH --what train --dtype "$dt" --batch "$b" --builds samhq,inductor-sdpa,inductor-eager \
+        --iters 5 --rounds 4 --out "$OUT" > "$OUT/$part.log" 2>&1
+    grep -E "wall" "$OUT/$part.log" ;;
 *)
     parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80"
-    echo "usage: $0 [$parts|ro-train-b1|tf32-train-b4|vit-h-infer]..." >&2
+    more="ro-train-b1|tf32-train-b4|vit-h-infer|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
+    echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;
 esac
 done
