@@ -318,13 +318,20 @@ def default_mode_rows(payloads: list[dict]) -> list[dict]:
     """One row per (cell, build) of benchmarks/tools/profile_host.py results: wall, GPU and host ms (wall - GPU) and
     GPU busy, the cell named by its model, what, dtype and batch; builds without a wall (cut runs) left out. A file
     that gathers several runs ({"cells": {key: run, ...}}, e.g. profile_host_vit-l_infer_h200.json) gives a cell per
-    run, named by its model and key."""
-    rows = []
-    runs = [(p, None) for p in payloads if "cells" not in p]
-    runs += [(run, key) for p in payloads for key, run in p.get("cells", {}).items()]
-    for p, key in runs:
+    run, named by its model and key. Where several runs name one cell (a later run of it, or a variant such as
+    profile_host_infer_bf16_b1_cpp_wrapper_h200.json) only one is kept, since a panel is one process's builds: the
+    latest by recorded date, ties going to the run given last (an undated run counts as the oldest)."""
+    runs = [(p, None, p) for p in payloads if "cells" not in p]
+    runs += [(run, key, p) for p in payloads for key, run in p.get("cells", {}).items()]
+    latest = {}  # cell -> (date, order, run)
+    for order, (p, key, top) in enumerate(runs):
         a = p["args"]
         cell = f"{a['model']} {a['what']} {key}" if key else f"{a['model']} {a['what']} {a['dtype']} B={a['batch']}"
+        date = (p.get("recorded") or top.get("recorded") or {}).get("date", "")
+        if cell not in latest or (date, order) >= latest[cell][:2]:
+            latest[cell] = (date, order, p)
+    rows = []
+    for cell, (_, _, p) in latest.items():  # cells in the order first seen
         for name, b in p["builds"].items():
             if b.get("wall_ms") is not None:
                 rows.append(dict(cell=cell, build=name, wall_ms=b["wall_ms"], gpu_ms=b["gpu_ms"],

@@ -564,6 +564,15 @@ def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys)
     gathered = {"cells": {"bf16_b8_sdpa": {**payload, "args": {**payload["args"], "batch": 8}}, "bf16_b1": payload}}
     cells = [r["cell"] for r in plot.default_mode_rows([payload, gathered])]
     assert cells == ["vit-b infer bf16 B=1"] * 2 + ["vit-b infer bf16_b8_sdpa"] * 2 + ["vit-b infer bf16_b1"] * 2
+    # several runs of one cell: one process per panel, the latest recorded wins, a tie goes to the run given last
+    def run(day, wall):
+        return {**payload, "recorded": {"date": f"2026-12-0{day}"},
+                "builds": {"samhq": {"wall_ms": wall, "gpu_ms": 3.0}}}
+    rows = plot.default_mode_rows([run(3, 5.0), run(2, 9.0), payload, run(3, 6.0)])
+    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 6.0)]
+    rows = plot.default_mode_rows([run(2, 9.0), {**payload, "args": {**payload["args"], "batch": 8}}, payload])
+    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 9.0), ("vit-b infer bf16 B=8", 6.0),
+                                                         ("vit-b infer bf16 B=8", 7.0)]
 
 
 def test_profile_host_decoder_step_trains_only_the_decoder_and_held_weights_keep_its_bits():
