@@ -245,9 +245,10 @@ SMALL_STEP_CANDS = {
 # (8 warps, 2 stages) / 85 KB, 1 / 2 CTAs; 64 queries, 4 warps, 2 stages 160 / 70 KB, 1 / 3; 3 stages 220 / 85 KB.
 # Measured (H200, 2026-12-03, results/sweep_d80_fp32_h200.json): dK/dV at 16 queries and 3 stages, backward 3170 ->
 # 2622 us global (now shipped there), 540 -> 615 windows; the others lost.
-# Next on the windows (offline, sm_90, Triton 3.9, 2026-12-03): dQ at 2 stages, 168 registers / 70 KB, 3 CTAs per SM
-# against 162 / 85 KB, 2 at the shipped 3 (the global layer ships 2 stages already). Register caps would add a CTA
-# to the forward (130 -> 127, 4) but Inductor's triton_op launches drop them (NOTES, register caps).
+# The windows' dQ at 2 stages (offline, sm_90, Triton 3.9: 168 registers / 70 KB, 3 CTAs per SM against 162 / 85 KB,
+# 2 at the shipped 3; the global layer ships 2 stages already) lost: 577.8 against 540.6 us (050645a, 2026-12-03,
+# results/sweep_d80_fp32_shipped_row_h200.json). Register caps would add a CTA to the forward (130 -> 127, 4) but
+# Inductor's triton_op launches drop them (NOTES, register caps).
 D80_SHAPES = [(64, 1), (14, 25)]
 D80_CANDS = {
     "dkdv": [dict(BLOCK_M=32, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=3),
