@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train,
-# vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03) or measures one still open
-# (vit-h-train2, ro-train-tf32-b4, infer-both, train-both-*). Each part fits one 10-minute device command on one
-# H200 (compiles take 30-280 s each there; ViT-H training 170-280 s a build); several parts in one command run one
-# after the other:
+# vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
+# train-both-b4 and d80 again at 050645a, 2026-12-03) or measures one still open (vit-h-train2, ro-train-tf32-b4;
+# train-both-tf32, whose two Inductor classes ran against samhq in two processes). Each part fits one 10-minute
+# device command on one H200 (compiles take 30-280 s each there; ViT-H training 170-280 s a build); several parts
+# in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
 #                                                     # forward + backward, AdamW; batch 4), samhq and Inductor on
