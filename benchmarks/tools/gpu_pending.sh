@@ -2,10 +2,10 @@
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train,
 # vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
-# train-both-b4 and d80 again at 050645a, 2026-12-03) or measures one still open (vit-h-train2, ro-train-tf32-b4;
-# train-both-tf32, whose two Inductor classes ran against samhq in two processes). Each part fits one 10-minute
-# device command on one H200 (compiles take 30-280 s each there; ViT-H training 170-280 s a build); several parts
-# in one command run one after the other:
+# train-both-b4 and d80 again at 050645a, 2026-12-03) or measures one still open (vit-h-train2, ro-train-tf32-b4,
+# vit-l-train-ro, vit-h-train-ro; train-both-tf32, whose two Inductor classes ran against samhq in two processes).
+# Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
+# 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
 #   bash benchmarks/tools/gpu_pending.sh decoder      # the decoder recipe's whole step (frozen encoder, mask decoder
 #                                                     # forward + backward, AdamW; batch 4), samhq and Inductor on
@@ -23,6 +23,8 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-l-train  # ViT-L training step, bf16 B=1, samhq and Inductor in one process
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train2 # ViT-H training step at batch 2 (where activations weigh more
 #                                                     # against the fixed weight and AdamW state)
+#   bash benchmarks/tools/gpu_pending.sh vit-l-train-ro # ViT-L / ViT-H training step at bf16 B=1 under
+#   bash benchmarks/tools/gpu_pending.sh vit-h-train-ro # reduce-overhead, samhq and Inductor ("sdpa" class)
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
 #   bash benchmarks/tools/gpu_pending.sh ro-train-b1  # the reduce-overhead training step at batch 1, bf16 and TF32,
 #                                                     # against both Inductor classes (6 ViT-B training builds)
@@ -90,6 +92,11 @@ vit-h-train2)
     timeout 590 python benchmarks/train_step.py --model vit-h --impls samhq-eager,inductor --modes default \
         --batch 2 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" > "$OUT/vit-h-train2.log" 2>&1
     tail -4 "$OUT/vit-h-train2.log" ;;
+vit-l-train-ro|vit-h-train-ro)
+    timeout 590 python benchmarks/train_step.py --model "${part%-train-ro}" --impls samhq-eager-ro,inductor-ro \
+        --modes reduce-overhead --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" \
+        > "$OUT/$part.log" 2>&1
+    tail -4 "$OUT/$part.log" ;;
 d80)
     timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
     tail -12 "$OUT/d80.log" ;;
@@ -127,7 +134,8 @@ train-both-b1|train-both-b4|train-both-tf32)
         --iters 5 --rounds 4 --out "$OUT" > "$OUT/$part.log" 2>&1
     grep -E "wall" "$OUT/$part.log" ;;
 *)
-    parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|d80"
+    parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|vit-l-train-ro"
+    parts="$parts|vit-h-train-ro|d80"
     more="ro-train-b1|tf32-train-b4|vit-h-infer|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
     echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;
