@@ -596,3 +596,20 @@ def test_profile_host_decoder_step_trains_only_the_decoder_and_held_weights_keep
     assert losses[0] == losses[1] and all(torch.isfinite(torch.tensor(losses[0])))
     moved = {k for k, v in core.state_dict().items() if not torch.equal(v, before[k])}
     assert moved and all(k.startswith("mask_decoder.") for k in moved)
+
+
+def test_gpu_pending_parts_are_listed_where_a_user_reads_them():
+    # every case label of benchmarks/tools/gpu_pending.sh is in its header's list and in its usage line, and neither
+    # names a part the script does not have: the three lists are written by hand
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "gpu_pending.sh"
+    text = script.read_text()
+    body = text[text.index('case "$part" in'):]
+    labels = {lab for line in re.findall(r"^([\w|-]+)\)$", body, re.M) for lab in line.split("|")}
+    header = set(re.findall(r"^#   bash benchmarks/tools/gpu_pending.sh ([\w-]+)", text, re.M))
+    usage = subprocess.run(["bash", "-c", 'eval "$(sed -n \'/^    parts=/p;/^    more=/p\' "$0")"; echo "$parts|$more"',
+                            str(script)], capture_output=True, text=True, check=True).stdout.strip().split("|")
+    assert len(labels) >= 20
+    assert header == labels
+    assert sorted(usage) == sorted(labels)
