@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmark scripts (sol_execbench_076.py, train_step.py).
+"""Shared helpers for the benchmark scripts (sol_execbench_076.py, train_step.py, inference.py).
 
 What lives here, once:
   * environment/version info for the JSON header (`env_info`);
@@ -482,6 +482,13 @@ def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
     for r in rows:
         print("  ".join(c.rjust(w) if c[:1].isdigit() or c[:1] == "-" else c.ljust(w) for c, w in zip(r, widths)))
     sys.stdout.flush()
+
+
+def eager_reference(rows: list[dict], row: dict, group: Sequence[str], key: str) -> dict | None:
+    """The row the correctness checks compare `row` against: eager-eager's of its group (the same values of `group`)
+    that has `key`, else eager-sdpa's; None without either."""
+    same = [q for q in rows if all(q[g] == row[g] for g in group) and q.get(key) is not None]
+    return next((q for name in ("eager-eager", "eager-sdpa") for q in same if q["impl"] == name), None)
 
 
 def samhq_fused_count() -> int:

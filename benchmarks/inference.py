@@ -195,8 +195,7 @@ CELL = ("target", "dtype", "batch", "impl")  # a cell of this run (its model is 
 def check_outputs(rows: list[dict]) -> None:
     """Each row's check value against eager-eager's (else eager-sdpa's) of its group; too far: FAIL."""
     for r in rows:
-        same = [q for q in rows if all(q[g] == r[g] for g in GROUP) and q.get("check") is not None]
-        ref = next((q for name in ("eager-eager", "eager-sdpa") for q in same if q["impl"] == name), None)
+        ref = common.eager_reference(rows, r, GROUP, "check")
         if r.get("check") is None or ref is None:
             continue
         r["check_rel_diff"] = abs(r["check"] - ref["check"]) / max(abs(ref["check"]), 1e-30)
@@ -213,13 +212,6 @@ def summarize_by_mode(rows: list[dict]) -> list[dict]:
     """Per (model, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the same
     mode, either attention class, with the ratio and both sides' host ms and GPU busy (plot.best_by_mode)."""
     return plot.best_by_mode(rows, GROUP, "latency_ms")
-
-
-def print_summary_by_mode(payload: dict) -> None:
-    """The per-mode lines, printed last."""
-    if payload["summary_by_mode"]:
-        print("\n" + plot.SUMMARY_BY_MODE_TITLE)
-        print("\n".join(e["line"] for e in payload["summary_by_mode"]), flush=True)
 
 
 def print_report(rows: list[dict]) -> None:
@@ -374,7 +366,7 @@ def main(argv=None) -> dict:
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     common.log(f"wrote {path}", t0)
-    print_summary_by_mode(payload)
+    plot.print_summary_by_mode(payload["summary_by_mode"])
     return payload
 
 

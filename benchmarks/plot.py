@@ -297,6 +297,13 @@ SUMMARY_BY_MODE_TITLE = ("samhq vs Inductor, mode by mode (the fastest OK row of
                          "ratio = Inductor / samhq; host and busy: samhq / Inductor):")
 
 
+def print_summary_by_mode(entries: list[dict]) -> None:
+    """best_by_mode's lines under their title (train_step.py and inference.py print them last)."""
+    if entries:
+        print("\n" + SUMMARY_BY_MODE_TITLE)
+        print("\n".join(e["line"] for e in entries), flush=True)
+
+
 # kind: (row key for merging, table columns, chart)
 KINDS = {
     "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
@@ -420,9 +427,7 @@ def main(argv=None) -> None:
     if kind != "sol076" and merged["summary"]:
         print()
         print_rows(merged["summary"], list(dict.fromkeys(k for e in merged["summary"] for k in e)))
-    if merged.get("summary_by_mode"):
-        print("\n" + SUMMARY_BY_MODE_TITLE)
-        print("\n".join(e["line"] for e in merged["summary_by_mode"]))
+    print_summary_by_mode(merged.get("summary_by_mode"))
     if len(paths) > 1:
         out = os.path.splitext(os.path.abspath(paths[0]))[0] + "_merged.json"
         with open(out, "w") as f:

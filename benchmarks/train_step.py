@@ -320,8 +320,7 @@ def check_losses(rows: list[dict]) -> None:
     """Relative differences of the first step's loss and rel-pos gradient norm from eager-eager's (else
     eager-sdpa's) of the same (model, batch, dtype); a large difference turns OK into FAIL."""
     for r in rows:
-        same = [q for q in rows if all(q[g] == r[g] for g in GROUP) and q.get("loss") is not None]
-        ref = next((q for name in ("eager-eager", "eager-sdpa") for q in same if q["impl"] == name), None)
+        ref = common.eager_reference(rows, r, GROUP, "loss")
         if r.get("loss") is None or ref is None:
             continue
         for key, out in (("loss", "loss_rel_diff"), ("rel_pos_grad_norm", "grad_rel_diff")):
@@ -344,13 +343,6 @@ def summarize_by_mode(rows: list[dict]) -> list[dict]:
     """Per (model, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the same
     mode, either attention class, with the ratio and both sides' host ms and GPU busy (plot.best_by_mode)."""
     return plot.best_by_mode(rows, GROUP, "ms_per_step")
-
-
-def print_summary_by_mode(payload: dict) -> None:
-    """The per-mode lines, printed last."""
-    if payload["summary_by_mode"]:
-        print("\n" + plot.SUMMARY_BY_MODE_TITLE)
-        print("\n".join(e["line"] for e in payload["summary_by_mode"]), flush=True)
 
 
 def print_report(rows: list[dict]) -> None:
@@ -525,7 +517,7 @@ def main(argv=None) -> dict:
               f"--impls {','.join(args.impls)} "
               f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)} --optimizer {args.optimizer}", flush=True)
     common.log(f"wrote {path}", t0)
-    print_summary_by_mode(payload)
+    plot.print_summary_by_mode(payload["summary_by_mode"])
     return payload
 
 
