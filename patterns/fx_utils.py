@@ -1,7 +1,8 @@
 """Small, composable readers for Dynamo FX graphs (torch-level IR).
 
 Dynamo records one piece of math in many spellings: `a + b`, `torch.add(a, b)`, `a.add(b)`;
-`x @ y`, `torch.matmul`, `torch.bmm`; `F.softmax`, `torch.softmax`, `x.softmax`. The matcher
+`x @ y`, `torch.matmul`, `torch.bmm` (and einsums that are batched matmuls, `einsum_as_matmul`);
+`F.softmax`, `torch.softmax`, `x.softmax`. The matcher
 asks questions about meaning ("is this an add, and of what?"), so every spelling is folded here
 into one canonical op name with normalised arguments. Shapes come from the fake tensors Dynamo
 stores in `node.meta["example_value"]`.
@@ -28,6 +29,7 @@ _FUNCTIONS: dict[Any, str] = {
     operator.mul: "mul", operator.imul: "mul", torch.mul: "mul",
     operator.truediv: "div", operator.itruediv: "div", torch.div: "div", torch.true_divide: "div",
     operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "matmul",
+    torch.einsum: "einsum", torch.baddbmm: "baddbmm",
     F.softmax: "softmax", torch.softmax: "softmax", torch.special.softmax: "softmax",
     F.dropout: "dropout", torch.dropout: "dropout",
     F.scaled_dot_product_attention: "sdpa",
@@ -35,7 +37,8 @@ _FUNCTIONS: dict[Any, str] = {
     torch.transpose: "transpose", torch.permute: "permute",
     torch.unsqueeze: "unsqueeze", torch.t: "t", operator.getitem: "getitem",
 }
-for _name in ("add", "mul", "div", "matmul", "bmm", "softmax", "reshape", "transpose", "permute", "unsqueeze", "t"):
+for _name in ("add", "mul", "div", "matmul", "bmm", "baddbmm", "softmax", "reshape", "transpose", "permute",
+              "unsqueeze", "t"):
     _FUNCTIONS.setdefault(getattr(torch.Tensor, _name), {"bmm": "matmul"}.get(_name, _name))
 
 # call_method names -> canonical name
@@ -43,7 +46,7 @@ _METHODS = {
     "add": "add", "add_": "add", "__add__": "add", "__radd__": "add",
     "mul": "mul", "mul_": "mul", "__mul__": "mul", "__rmul__": "mul",
     "div": "div", "div_": "div", "__truediv__": "div",
-    "matmul": "matmul", "bmm": "matmul", "__matmul__": "matmul",
+    "matmul": "matmul", "bmm": "matmul", "__matmul__": "matmul", "baddbmm": "baddbmm",
     "softmax": "softmax",
     "reshape": "reshape", "view": "reshape", "reshape_as": "reshape", "view_as": "reshape",
     "flatten": "reshape", "unflatten": "reshape",
@@ -130,6 +133,46 @@ def is_last_two_swapped(node: Node, ndim: int) -> bool:
         dims = [d % ndim for d in dims] if all(isinstance(d, int) for d in dims) else None
         return dims == [*range(ndim - 2), ndim - 1, ndim - 2]
     return False
+
+
+def einsum_as_matmul(node: Node) -> tuple[Node, Node, bool] | None:
+    """A two-operand einsum that is a batched matmul: (a, b, b_transposed) such that the einsum is a @ b, or
+    a @ b^T when b_transposed, over the same leading batch dims; None for any other einsum.
+
+    "bqd,bkd->bqk" is q @ k^T, "bqk,bkd->bqd" is P @ v, and so is either with its operands swapped
+    ("bkd,bqd->bqk" is q @ k^T with q second). Batch letters, or a leading "...", must be the same, in the same
+    order, in both operands and the output; anything else (a sum over a batch letter, a reordered output, one
+    operand) is not a matmul and returns None.
+    """
+    if op_name(node) != "einsum" or not node.args or not isinstance(node.args[0], str):
+        return None
+    ops = node.args[1:]
+    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+        ops = tuple(ops[0])
+    eq = node.args[0].replace(" ", "")
+    if len(ops) != 2 or not all(isinstance(o, Node) for o in ops) or eq.count("->") != 1:
+        return None
+    lhs, out = eq.split("->")
+    if lhs.count(",") != 1:
+        return None
+    subs = lhs.split(",") + [out]
+    if all(s.startswith("...") for s in subs):
+        subs = [s[3:] for s in subs]
+    if any("." in s or len(s) < 2 or len(set(s)) != len(s) for s in subs):
+        return None
+    so = subs[2]
+    for (a, sa), (b, sb) in (((ops[0], subs[0]), (ops[1], subs[1])), ((ops[1], subs[1]), (ops[0], subs[0]))):
+        batch = sa[:-2]
+        if sb[:-2] != batch or so[:-2] != batch:
+            continue
+        (i, j), (x, y), (o1, o2) = sa[-2:], sb[-2:], so[-2:]
+        if o1 != i or len({*batch, i, j, x, y}) != len(batch) + 3:  # i, j and the free letter: new, distinct
+            continue
+        if x == j and o2 == y:  # a @ b: [.., i, j] x [.., j, y] -> [.., i, y]
+            return a, b, False
+        if y == j and o2 == x:  # a @ b^T: [.., i, j] x [.., x, j] -> [.., i, x]
+            return a, b, True
+    return None
 
 
 def single_user(node: Node) -> Node | None:

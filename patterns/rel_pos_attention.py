@@ -4,10 +4,12 @@ What is matched is the math, not one spelling of it:
 
     out = softmax(scale * q @ k^T + rel_h[..., :, None] + rel_w[..., None, :]) @ v
 
-over a key grid Hk x Wk, however the graph writes it: explicit softmax (with or without dtype=,
-then casts, then dropout that is off) or SDPA with the bias as attn_mask; the scale on q, on k^T or
-on the scores; the bias added to the [B, N, N] scores through reshape_as / view, or to a 5-D
-[B, qh, qw, kh, kw] view of them; additions in any order and nesting.
+over a key grid Hk x Wk, however the graph writes it: explicit softmax (with or without dtype=, or
+on scores cast to fp32 first; then casts, then dropout that is off) or SDPA with the bias as
+attn_mask; the products as matmul / bmm / @ or as einsums that are batched matmuls, the scores
+also as baddbmm(bias, q, k^T, alpha=scale); the scale on q, on k^T or on the scores; the bias
+added to the [B, N, N] scores through reshape_as / view, or to a 5-D [B, qh, qw, kh, kw] view of
+them; additions in any order and nesting.
 
 How: start at each softmax (dim=-1) and each SDPA with a float mask; walk the tree of additions
 and reshapes that feeds the scores, tracking for every leaf the shape it is broadcast into. A leaf
@@ -33,8 +35,11 @@ from dataclasses import dataclass, field
 
 from torch.fx import Graph, Node
 
+import torch
+
 from .fx_utils import (
-    arg, as_number, is_last_two_swapped, is_static, numel, op_name, same_size, shape, single_user, value,
+    arg, as_number, einsum_as_matmul, is_last_two_swapped, is_static, numel, op_name, same_size, shape, single_user,
+    value,
 )
 
 
@@ -120,6 +125,13 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
             for operand in node.args[:2]:
                 walk(operand, own)
             return
+        if name == "baddbmm" and same_size(numel(own), full) and node.kwargs.get("beta", 1) == 1:
+            # baddbmm(bias, q, k^T, alpha=scale) = bias + scale * q @ k^T: the bias is walked like an add's
+            # operand, the node itself is the dense leaf that _scores_qk reads as the product
+            nodes.add(node)
+            walk(node.args[0], own)
+            leaves.append((node, ctx))
+            return
         src = node.args[0] if node.args else None
         if (
             name in ("reshape", "identity")
@@ -200,13 +212,26 @@ def _peel_scale(node: Node, nodes: set[Node]) -> tuple[Node, float]:
 
 
 def _scores_qk(leaf: Node, nodes: set[Node]) -> tuple[Node, Node, float]:
-    """The dense leaf must be (a scaled) q @ k^T. Returns (q, k, scale)."""
+    """The dense leaf must be (a scaled) q @ k^T: a matmul, an einsum that is one, or the product inside a
+    baddbmm whose bias _collect_leaves walked. Returns (q, k, scale)."""
     core, s1 = _peel_scale(leaf, nodes)
-    if op_name(core) != "matmul":
+    einsum = einsum_as_matmul(core)
+    if op_name(core) == "baddbmm":
+        alpha = as_number(core.kwargs.get("alpha", 1))
+        if core is not leaf or core not in nodes or alpha is None:  # a scale over the bias too, or beta != 1
+            raise NoMatch(f"{core.name}: baddbmm with a scale over its bias or a non-constant alpha")
+        (a, b), s1, k_transposed = core.args[1:3], alpha, False
+    elif einsum is not None:
+        a, b, k_transposed = einsum
+    elif op_name(core) == "matmul":
+        (a, b), k_transposed = core.args[:2], False
+    else:
         raise NoMatch(f"dense bias term {leaf.name} is not q @ k^T")
     nodes.add(core)
-    a, b = core.args[0], core.args[1]
     q, s2 = _peel_scale(a, nodes)
+    if k_transposed:  # einsum "...qd,...kd->...qk" reads k as it is
+        k, s4 = _peel_scale(b, nodes)
+        return q, k, s1 * s2 * s4
     kt, s3 = _peel_scale(b, nodes)
     kt_shape = shape(kt)
     if kt_shape is None or not is_last_two_swapped(kt, len(kt_shape)):
@@ -261,10 +286,28 @@ def _probs_to_pv(softmax: Node, nodes: set[Node]) -> tuple[Node, Node]:
         elif name == "matmul" and user.args[0] is node:
             nodes.add(user)
             return user, user.args[1]
+        elif name == "einsum" and (pv := einsum_as_matmul(user)) and pv[0] is node and not pv[2]:
+            nodes.add(user)  # "...qk,...kd->...qd"
+            return user, pv[1]
         else:
             raise NoMatch(f"attention probabilities feed {user.name} ({user.target}), not P @ v")
         nodes.add(user)
         node = user
+
+
+def _peel_upcast(x: Node, nodes: set[Node]) -> Node:
+    """scores.float() (or .to(torch.float32)) right before the softmax -> scores: the fused op computes the
+    softmax in fp32 from fp32 scores, as precise as the upcast or more. Only casts to fp32 from a 16- or 32-bit
+    float, same shape and device; anything else stays in the tree (and is a leaf there)."""
+    while isinstance(x, Node) and op_name(x) == "cast":
+        src, out = value(x.args[0] if x.args else None), value(x)
+        if src is None or out is None or out.dtype != torch.float32 or src.shape != out.shape:
+            break
+        if src.dtype not in (torch.float16, torch.bfloat16, torch.float32) or src.device != out.device:
+            break
+        nodes.add(x)
+        x = x.args[0]
+    return x
 
 
 def _match_softmax(node: Node) -> Match:
@@ -277,6 +320,7 @@ def _match_softmax(node: Node) -> Match:
         raise NoMatch(f"softmax over dim {dim}, not the last")
     n_q, n_k = xs[-2], xs[-1]
     nodes = {node}
+    x = _peel_upcast(x, nodes)
     dense, rel_h, rel_w, grid = _bias_terms(x, n_q, n_k, xs[:-2], nodes)
     if len(dense) != 1:
         raise NoMatch(f"{len(dense)} dense terms in the scores (expected exactly q @ k^T)")

@@ -66,8 +66,26 @@ def hf_sdpa(q, k, v, rel_h, rel_w):  # transformers SamHQVisionSdpaAttention
     return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias)
 
 
+def einsum_products(q, k, v, rel_h, rel_w):  # both products as einsums, q second in the first one
+    attn = torch.einsum("bkd,bqd->bqk", k, q * D**-0.5)
+    attn = (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N)
+    return torch.einsum("...qk,...kd->...qd", attn.softmax(-1), v)
+
+
+def baddbmm_scores(q, k, v, rel_h, rel_w):  # bias + scale * q @ k^T in one baddbmm
+    bias = (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    return torch.baddbmm(bias, q, k.transpose(1, 2), alpha=D**-0.5).softmax(-1).bmm(v)
+
+
+def upcast_scores(q, k, v, rel_h, rel_w):  # bias first, scale on k^T by division, scores.float() before softmax
+    bias = (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    attn = bias + q @ (k.transpose(-1, -2) / math.sqrt(D))
+    return F.softmax(attn.float(), dim=-1).type_as(q) @ v
+
+
 MATCHING = [
     (hf_eager, False), (five_d_view, False), (reordered, False), (post_scaled_4d, True), (hf_sdpa, False),
+    (einsum_products, False), (baddbmm_scores, False), (upcast_scores, False),
 ]
 
 
@@ -120,9 +138,21 @@ def softmax_over_queries(q, k, v, rel_h, rel_w):
     return attn.softmax(-2) @ v
 
 
+def scaled_baddbmm(q, k, v, rel_h, rel_w):  # the scale covers baddbmm's bias too: 0.5 * rel_h + 0.5 * q @ k^T
+    bias_h = rel_h[..., None].expand(-1, GH, GW, GH, GW).reshape(-1, N, N)
+    attn = (0.5 * torch.baddbmm(bias_h, q, k.transpose(1, 2))).view(-1, GH, GW, GH, GW) + rel_w[..., None, :]
+    return attn.view(-1, N, N).softmax(-1) @ v
+
+
+def einsum_reduces_batch(q, k, v, rel_h, rel_w):  # "bqd,bkd->qk" sums over the batch: no batched q @ k^T
+    attn = torch.einsum("bqd,bkd->qk", q, k)[None] + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
+    return attn.softmax(-1) @ v
+
+
 LEFT_ALONE = [
     (returns_probs, "used elsewhere"), (active_dropout, "dropout is active"), (extra_dense_mask, "dense terms"),
     (shared_rel_bias, "broadcast over batch"), (no_bias, "no rel-pos bias"), (softmax_over_queries, "not the last"),
+    (scaled_baddbmm, "scale over its bias"), (einsum_reduces_batch, "broadcast over batch"),
 ]
 
 
@@ -147,3 +177,22 @@ def test_min_seq_len_option_leaves_short_attention_alone():
     out = torch.compile(hf_eager, backend="samhq", options={"samhq.min_seq_len": N + 1})(*inputs())
     assert counters["samhq"]["fused"] == 0 and counters["samhq"]["skipped"] == 1
     assert rel_err(out, hf_eager(*inputs())) < 1e-5
+
+
+@pytest.mark.parametrize("eq,expect", [
+    ("bqd,bkd->bqk", ("a", "b", True)), ("bkd,bqd->bqk", ("b", "a", True)), ("bhqd, bhkd -> bhqk", ("a", "b", True)),
+    ("...qd,...kd->...qk", ("a", "b", True)), ("qd,kd->qk", ("a", "b", True)),
+    ("bqk,bkd->bqd", ("a", "b", False)), ("bkd,bqk->bqd", ("b", "a", False)),
+    ("bqd,bkd->bkq", ("b", "a", True)),  # k @ q^T: a matmul all the same, with the roles as written
+    ("bqd,bkd->qk", None), ("bqd,bkd->kbq", None), ("bqd,ckd->bqk", None), ("bqd,bkd", None),
+    ("bqd,bkd->bqkd", None), ("...qd,bkd->bqk", None), ("bqq,bqd->bqd", None), ("bqd,bqd->bqq", None),
+])
+def test_einsum_as_matmul_reads_only_batched_matmuls(eq, expect):
+    # the matcher takes an einsum for q @ k^T or P @ v only where it is one, over the same leading batch dims
+    from samhq_fx.patterns.fx_utils import einsum_as_matmul
+
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    got = einsum_as_matmul(g.call_function(torch.einsum, (eq, a, b)))
+    assert (got and (got[0].name, got[1].name, got[2])) == (expect if expect else None)
+    assert einsum_as_matmul(g.call_function(torch.einsum, (eq, [a, b]))) == got  # operands as one list
