@@ -34,12 +34,14 @@ _FUNCTIONS: dict[Any, str] = {
     F.dropout: "dropout", torch.dropout: "dropout",
     F.scaled_dot_product_attention: "sdpa",
     torch.reshape: "reshape", torch.flatten: "reshape", torch.unflatten: "reshape",
-    torch.transpose: "transpose", torch.permute: "permute",
+    torch.transpose: "transpose", torch.swapaxes: "transpose", torch.swapdims: "transpose", torch.permute: "permute",
+    torch.broadcast_to: "expand",
     torch.unsqueeze: "unsqueeze", torch.t: "t", operator.getitem: "getitem",
 }
-for _name in ("add", "mul", "div", "matmul", "bmm", "baddbmm", "softmax", "reshape", "transpose", "permute",
-              "unsqueeze", "t"):
-    _FUNCTIONS.setdefault(getattr(torch.Tensor, _name), {"bmm": "matmul"}.get(_name, _name))
+for _name in ("add", "mul", "div", "matmul", "bmm", "baddbmm", "softmax", "reshape", "transpose", "swapaxes",
+              "swapdims", "permute", "unsqueeze", "t", "expand"):
+    _FUNCTIONS.setdefault(getattr(torch.Tensor, _name), {"bmm": "matmul", "swapaxes": "transpose",
+                                                          "swapdims": "transpose"}.get(_name, _name))
 
 # call_method names -> canonical name
 _METHODS = {
@@ -50,7 +52,8 @@ _METHODS = {
     "softmax": "softmax",
     "reshape": "reshape", "view": "reshape", "reshape_as": "reshape", "view_as": "reshape",
     "flatten": "reshape", "unflatten": "reshape",
-    "transpose": "transpose", "permute": "permute", "t": "t", "unsqueeze": "unsqueeze",
+    "transpose": "transpose", "swapaxes": "transpose", "swapdims": "transpose", "permute": "permute", "t": "t",
+    "unsqueeze": "unsqueeze", "expand": "expand", "expand_as": "expand",
     "to": "cast", "type": "cast", "type_as": "cast", "float": "cast", "half": "cast",
     "bfloat16": "cast", "contiguous": "identity", "clone": "identity",
 }
@@ -59,6 +62,8 @@ _METHODS = {
 def op_name(node: Node) -> str | None:
     """Canonical name of what `node` computes, or None for anything the matcher does not read."""
     if node.op == "call_function":
+        if node.target is getattr and node.args[1:] == ("mT",):  # k.mT: Dynamo records the attribute read
+            return "mT"
         return _FUNCTIONS.get(node.target) or _sdpa_alias(node.target)
     if node.op == "call_method":
         return _METHODS.get(node.target)
@@ -117,10 +122,12 @@ def as_number(x: Any) -> float | None:
 
 
 def is_last_two_swapped(node: Node, ndim: int) -> bool:
-    """transpose(-2, -1) / permute(..., n-1, n-2) / .t(): the k -> k^T of attention scores."""
+    """transpose(-2, -1) (or swapaxes) / permute(..., n-1, n-2) / .t() / .mT: the k -> k^T of attention scores."""
     name = op_name(node)
     if name == "t":
         return ndim == 2
+    if name == "mT":
+        return ndim >= 2
     if name == "transpose":
         d0, d1 = arg(node, 1, "dim0"), arg(node, 2, "dim1")
         if not (isinstance(d0, int) and isinstance(d1, int)):

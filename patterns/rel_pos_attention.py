@@ -7,9 +7,10 @@ What is matched is the math, not one spelling of it:
 over a key grid Hk x Wk, however the graph writes it: explicit softmax (with or without dtype=, or
 on scores cast to fp32 first; then casts, then dropout that is off) or SDPA with the bias as
 attn_mask; the products as matmul / bmm / @ or as einsums that are batched matmuls, the scores
-also as baddbmm(bias, q, k^T, alpha=scale); the scale on q, on k^T or on the scores; the bias
-added to the [B, N, N] scores through reshape_as / view, or to a 5-D [B, qh, qw, kh, kw] view of
-them; additions in any order and nesting.
+also as baddbmm(bias, q, k^T, alpha=scale); k^T by transpose, permute, swapaxes or .mT, copied
+or not; the scale on q, on k^T or on the scores; the bias added to the [B, N, N] scores through
+reshape_as / view, or to a 5-D [B, qh, qw, kh, kw] view of them, each term broadcast by the add
+or expanded before it; additions in any order and nesting.
 
 How: start at each softmax (dim=-1) and each SDPA with a float mask; walk the tree of additions
 and reshapes that feeds the scores, tracking for every leaf the shape it is broadcast into. A leaf
@@ -120,10 +121,16 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
         own = shape(node)
         if own is None:
             raise NoMatch(f"no shape recorded for {node.name}")
+        src = node.args[0] if node.args else None
         if name == "add" and same_size(numel(own), full) and arg(node, 2, "alpha", 1) == 1:
             nodes.add(node)
             for operand in node.args[:2]:
                 walk(operand, own)
+            return
+        if name == "expand" and isinstance(src, Node) and len(shape(src) or ()) == len(own) == len(ctx):
+            # bias.expand(...) before the add is the add's own broadcast, done early: walk the source in ctx
+            nodes.add(node)
+            walk(src, ctx)
             return
         if name == "baddbmm" and same_size(numel(own), full) and node.kwargs.get("beta", 1) == 1:
             # baddbmm(bias, q, k^T, alpha=scale) = bias + scale * q @ k^T: the bias is walked like an add's
@@ -132,7 +139,6 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
             walk(node.args[0], own)
             leaves.append((node, ctx))
             return
-        src = node.args[0] if node.args else None
         if (
             name in ("reshape", "identity")
             and value(src) is not None
@@ -193,13 +199,16 @@ def _bias_terms(root: Node, n_q, n_k, batch_shape: tuple, nodes: set[Node]):
 
 
 def _peel_scale(node: Node, nodes: set[Node]) -> tuple[Node, float]:
-    """x * c, c * x, x / c  ->  (x, c).  Repeated; c must be a Python constant."""
+    """x * c, c * x, x / c  ->  (x, c).  Repeated; c must be a Python constant. Copies that keep the values
+    (x.contiguous(), x.clone()) are peeled on the way: k.transpose(-2, -1).contiguous() is still k^T."""
     factor = 1.0
     while isinstance(node, Node):
         mul_node, name = node, op_name(node)
         a = node.args[0] if node.args else None
         b = arg(node, 1, "other")
-        if name == "mul" and isinstance(a, Node) and as_number(b) is not None:
+        if name == "identity" and isinstance(a, Node):
+            node = a
+        elif name == "mul" and isinstance(a, Node) and as_number(b) is not None:
             factor, node = factor * as_number(b), a
         elif name == "mul" and isinstance(b, Node) and as_number(a) is not None:
             factor, node = factor * as_number(a), b

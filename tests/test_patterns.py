@@ -83,9 +83,22 @@ def upcast_scores(q, k, v, rel_h, rel_w):  # bias first, scale on k^T by divisio
     return F.softmax(attn.float(), dim=-1).type_as(q) @ v
 
 
+def mt_expanded_bias(q, k, v, rel_h, rel_w):  # k.mT; each term expanded to the 5-D scores before the add
+    full = (B * HEADS, GH, GW, GH, GW)
+    bias = rel_h.unsqueeze(-1).expand(full) + torch.broadcast_to(rel_w.unsqueeze(-2), full)
+    scores = ((q * D**-0.5) @ k.mT).view(full).add(bias.expand_as(bias))
+    return scores.reshape(-1, N, N).softmax(-1) @ v
+
+
+def swapaxes_contiguous(q, k, v, rel_h, rel_w):  # k^T by swapaxes, then a copy
+    attn = (q @ k.swapaxes(-1, -2).contiguous()) * D**-0.5
+    return (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N).softmax(-1) @ v
+
+
 MATCHING = [
     (hf_eager, False), (five_d_view, False), (reordered, False), (post_scaled_4d, True), (hf_sdpa, False),
-    (einsum_products, False), (baddbmm_scores, False), (upcast_scores, False),
+    (einsum_products, False), (baddbmm_scores, False), (upcast_scores, False), (mt_expanded_bias, False),
+    (swapaxes_contiguous, False),
 ]
 
 
@@ -144,6 +157,12 @@ def scaled_baddbmm(q, k, v, rel_h, rel_w):  # the scale covers baddbmm's bias to
     return attn.view(-1, N, N).softmax(-1) @ v
 
 
+def expanded_over_batch(q, k, v, rel_h, rel_w):  # one image's terms expanded to every batch element
+    full = (B * HEADS, GH, GW, GH, GW)
+    bias = rel_h[:1, ..., None].expand(full) + rel_w[:1, ..., None, :].expand(full)
+    return (((q * D**-0.5) @ k.transpose(-2, -1)).view(full) + bias).view(-1, N, N).softmax(-1) @ v
+
+
 def einsum_reduces_batch(q, k, v, rel_h, rel_w):  # "bqd,bkd->qk" sums over the batch: no batched q @ k^T
     attn = torch.einsum("bqd,bkd->qk", q, k)[None] + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
     return attn.softmax(-1) @ v
@@ -153,6 +172,7 @@ LEFT_ALONE = [
     (returns_probs, "used elsewhere"), (active_dropout, "dropout is active"), (extra_dense_mask, "dense terms"),
     (shared_rel_bias, "broadcast over batch"), (no_bias, "no rel-pos bias"), (softmax_over_queries, "not the last"),
     (scaled_baddbmm, "scale over its bias"), (einsum_reduces_batch, "broadcast over batch"),
+    (expanded_over_batch, "broadcast over batch"),
 ]
 
 
