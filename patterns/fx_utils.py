@@ -182,6 +182,14 @@ def einsum_as_matmul(node: Node) -> tuple[Node, Node, bool] | None:
     return None
 
 
+def is_whole_index(index: Any) -> bool:
+    """x[index] is all of x: slices `:` or `0:` (and Ellipsis) only, as in timm's MViTv2 `attn[:, :, 0:, 0:]`."""
+    parts = index if isinstance(index, tuple) else (index,)
+    whole = lambda p: p is Ellipsis or (isinstance(p, slice) and p.start in (None, 0) and p.stop is None  # noqa: E731
+                                        and p.step in (None, 1))
+    return all(map(whole, parts))
+
+
 def single_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None

@@ -10,7 +10,8 @@ attn_mask; the products as matmul / bmm / @ or as einsums that are batched matmu
 also as baddbmm(bias, q, k^T, alpha=scale); k^T by transpose, permute, swapaxes or .mT, copied
 or not; the scale on q, on k^T or on the scores; the bias added to the [B, N, N] scores through
 reshape_as / view, or to a 5-D [B, qh, qw, kh, kw] view of them, each term broadcast by the add
-or expanded before it; additions in any order and nesting.
+or expanded before it; additions in any order and nesting; the biased scores written back whole
+into the scores before the softmax (timm's MViTv2, `attn[:, :, 0:, 0:] = ...`).
 
 How: start at each softmax (dim=-1) and each SDPA with a float mask; walk the tree of additions
 and reshapes that feeds the scores, tracking for every leaf the shape it is broadcast into. A leaf
@@ -32,15 +33,15 @@ broadcast over batch, mixed dtypes, shapes the op does not take.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
+import torch
 from torch.fx import Graph, Node
 
-import torch
-
 from .fx_utils import (
-    arg, as_number, einsum_as_matmul, is_last_two_swapped, is_static, numel, op_name, same_size, shape, single_user,
-    value,
+    arg, as_number, einsum_as_matmul, is_last_two_swapped, is_static, is_whole_index, numel, op_name, same_size,
+    shape, single_user, value,
 )
 
 
@@ -140,7 +141,7 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
             leaves.append((node, ctx))
             return
         if (
-            name in ("reshape", "identity")
+            (name in ("reshape", "identity") or (name == "getitem" and is_whole_index(arg(node, 1, "index"))))
             and value(src) is not None
             and value(src).dtype == value(node).dtype  # x.view(dtype) is a bitcast, not a reshape
             and same_size(numel(shape(src)), full)
@@ -319,6 +320,38 @@ def _peel_upcast(x: Node, nodes: set[Node]) -> Node:
     return x
 
 
+def _written_scores(x: Node, softmax: Node, nodes: set[Node]) -> Node:
+    """The value the softmax reads when the scores were written back whole before it, as timm's MViTv2 does
+    (`attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(...) + rel_h + rel_w).view(...)`): the written value, else x.
+
+    The write itself stays in the graph (the scores are an intermediate, so Inductor drops it once nothing reads
+    them); the fused op reads the written value, which is the bias tree. Left alone: a write of part of the scores
+    (MViTv2 with a class token), two writes, or other reads of the scores than the ones that build the value.
+    """
+    writes = [u for u in x.users if u.op == "call_function" and u.target is operator.setitem and u.args[0] is x]
+    if not writes:
+        return x
+    if len(writes) > 1:
+        raise NoMatch(f"the scores {x.name} are written {len(writes)} times before the softmax")
+    write, index, val = writes[0], writes[0].args[1], writes[0].args[2]
+    if not is_whole_index(index) or shape(val) != shape(x) or value(val) is None or value(val).dtype != value(x).dtype:
+        raise NoMatch(f"{write.name} writes part of the scores {x.name} (index {index})")
+    n = write
+    while n is not None and n is not softmax and n.op != "output":
+        n = n.next
+    if n is not softmax:
+        raise NoMatch(f"{write.name} writes the scores after the softmax reads them")
+    nodes.add(val)
+    return val
+
+
+def _check_scores_reads(x: Node, softmax: Node, nodes: set[Node]) -> None:
+    """With a write-back (_written_scores), every other read of the scores must be part of this match."""
+    for u in x.users:
+        if u is not softmax and u not in nodes and not (u.op == "call_function" and u.target is operator.setitem):
+            raise NoMatch(f"the scores {x.name} written back are also read by {u.name}")
+
+
 def _match_softmax(node: Node) -> Match:
     x = node.args[0] if node.args else node.kwargs.get("input")
     xs = shape(x)
@@ -329,11 +362,14 @@ def _match_softmax(node: Node) -> Match:
         raise NoMatch(f"softmax over dim {dim}, not the last")
     n_q, n_k = xs[-2], xs[-1]
     nodes = {node}
-    x = _peel_upcast(x, nodes)
+    written = _written_scores(x, node, nodes)
+    scores, x = x, _peel_upcast(written, nodes)
     dense, rel_h, rel_w, grid = _bias_terms(x, n_q, n_k, xs[:-2], nodes)
     if len(dense) != 1:
         raise NoMatch(f"{len(dense)} dense terms in the scores (expected exactly q @ k^T)")
     q, k, scale = _scores_qk(dense[0], nodes)
+    if written is not scores:
+        _check_scores_reads(scores, node, nodes)
     pv, v = _probs_to_pv(node, nodes)
     _check_qkv(q, k, v, n_q, n_k, xs[:-2])
     _check_rel_dtypes(q, rel_h + rel_w)

@@ -95,10 +95,17 @@ def swapaxes_contiguous(q, k, v, rel_h, rel_w):  # k^T by swapaxes, then a copy
     return (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N).softmax(-1) @ v
 
 
+def mvit_write_back(q, k, v, rel_h, rel_w):  # timm's MViTv2 (no class token): the biased scores written back whole
+    attn = (q * D**-0.5) @ k.transpose(-2, -1)
+    attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(B, -1, GH, GW, GH, GW) + rel_h.unsqueeze(-1)
+                          + rel_w.unsqueeze(-2)).view(B, -1, N, N)
+    return attn.softmax(dim=-1) @ v
+
+
 MATCHING = [
     (hf_eager, False), (five_d_view, False), (reordered, False), (post_scaled_4d, True), (hf_sdpa, False),
     (einsum_products, False), (baddbmm_scores, False), (upcast_scores, False), (mt_expanded_bias, False),
-    (swapaxes_contiguous, False),
+    (swapaxes_contiguous, False), (mvit_write_back, True),
 ]
 
 
@@ -163,6 +170,19 @@ def expanded_over_batch(q, k, v, rel_h, rel_w):  # one image's terms expanded to
     return (((q * D**-0.5) @ k.transpose(-2, -1)).view(full) + bias).view(-1, N, N).softmax(-1) @ v
 
 
+def written_in_part(q, k, v, rel_h, rel_w):  # MViTv2 with a class token writes all but its row: not one bias
+    attn = (q * D**-0.5) @ k.transpose(-2, -1)
+    biased = (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N)
+    attn[:, 1:] = biased[:, 1:]
+    return attn.softmax(-1) @ v
+
+
+def written_and_read(q, k, v, rel_h, rel_w):  # the written-back scores also feed another output
+    attn = (q * D**-0.5) @ k.transpose(-2, -1)
+    attn[:, 0:] = (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N)
+    return attn.softmax(-1) @ v, attn.amax(-1)
+
+
 def einsum_reduces_batch(q, k, v, rel_h, rel_w):  # "bqd,bkd->qk" sums over the batch: no batched q @ k^T
     attn = torch.einsum("bqd,bkd->qk", q, k)[None] + (rel_h[..., None] + rel_w[..., None, :]).reshape(-1, N, N)
     return attn.softmax(-1) @ v
@@ -172,7 +192,8 @@ LEFT_ALONE = [
     (returns_probs, "used elsewhere"), (active_dropout, "dropout is active"), (extra_dense_mask, "dense terms"),
     (shared_rel_bias, "broadcast over batch"), (no_bias, "no rel-pos bias"), (softmax_over_queries, "not the last"),
     (scaled_baddbmm, "scale over its bias"), (einsum_reduces_batch, "broadcast over batch"),
-    (expanded_over_batch, "broadcast over batch"),
+    (expanded_over_batch, "broadcast over batch"), (written_in_part, "writes part of the scores"),
+    (written_and_read, "also read by"),
 ]
 
 
