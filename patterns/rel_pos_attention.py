@@ -200,16 +200,13 @@ def _bias_terms(root: Node, n_q, n_k, batch_shape: tuple, nodes: set[Node]):
 
 
 def _peel_scale(node: Node, nodes: set[Node]) -> tuple[Node, float]:
-    """x * c, c * x, x / c  ->  (x, c).  Repeated; c must be a Python constant. Copies that keep the values
-    (x.contiguous(), x.clone()) are peeled on the way: k.transpose(-2, -1).contiguous() is still k^T."""
+    """x * c, c * x, x / c  ->  (x, c).  Repeated; c must be a Python constant."""
     factor = 1.0
     while isinstance(node, Node):
         mul_node, name = node, op_name(node)
         a = node.args[0] if node.args else None
         b = arg(node, 1, "other")
-        if name == "identity" and isinstance(a, Node):
-            node = a
-        elif name == "mul" and isinstance(a, Node) and as_number(b) is not None:
+        if name == "mul" and isinstance(a, Node) and as_number(b) is not None:
             factor, node = factor * as_number(b), a
         elif name == "mul" and isinstance(b, Node) and as_number(a) is not None:
             factor, node = factor * as_number(a), b
@@ -243,6 +240,10 @@ def _scores_qk(leaf: Node, nodes: set[Node]) -> tuple[Node, Node, float]:
         k, s4 = _peel_scale(b, nodes)
         return q, k, s1 * s2 * s4
     kt, s3 = _peel_scale(b, nodes)
+    while op_name(kt) == "identity" and isinstance(kt.args[0], Node):  # k.transpose(-2, -1).contiguous() is k^T
+        nodes.add(kt)
+        kt, s = _peel_scale(kt.args[0], nodes)
+        s3 *= s
     kt_shape = shape(kt)
     if kt_shape is None or not is_last_two_swapped(kt, len(kt_shape)):
         raise NoMatch(f"right operand of {core.name} is not k transposed")
