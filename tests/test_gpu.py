@@ -416,3 +416,29 @@ def test_compiled_autograd_backward_goes_through_samhq(tmp_path, no_fallback):
         assert rel_err(out, ref_out) < 1e-5, mode
         for name, g in ref_grads.items():
             assert rel_err(model.get_parameter(name).grad, g) < 1e-5, (mode, name)
+
+
+def _spellings():
+    import test_patterns
+
+    return test_patterns.MATCHING
+
+
+@pytest.mark.parametrize("fn,heads_dim", _spellings(), ids=[f.__name__ for f, _ in _spellings()])
+def test_every_spelling_runs_the_kernels_and_matches_float64(fn, heads_dim, no_fallback):
+    # the matcher's spellings (tests/test_patterns.py) on CUDA: their q, k, v and rel-pos terms reach the Triton
+    # kernels in whatever layout the spelling leaves them (einsum operands, k.mT, MViTv2's write-back), fp32 IEEE
+    import test_patterns
+
+    fresh_compile_state()
+    args = [t.detach().cuda().requires_grad_() for t in test_patterns.inputs(heads_dim=heads_dim)]
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    ref = fn(*ref_args)
+    out = torch.compile(fn, backend="samhq", fullgraph=True)(*args)
+    assert counters["samhq"]["fused"] == 1, dict(counters["samhq"])
+    assert rel_err(out, ref) < 1e-4
+    dout = torch.randn_like(ref)
+    got = torch.autograd.grad(out, args, dout.float())
+    exp = torch.autograd.grad(ref, ref_args, dout)
+    for name, g, e in zip(("q", "k", "v", "rel_h", "rel_w"), got, exp):
+        assert torch.isfinite(g).all() and rel_err(g, e) < 1e-4, name
