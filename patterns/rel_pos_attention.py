@@ -141,9 +141,10 @@ def _collect_leaves(root: Node, full: int, nodes: set[Node]) -> list[tuple[Node,
             leaves.append((node, ctx))
             return
         if (
-            (name in ("reshape", "identity") or (name == "getitem" and is_whole_index(arg(node, 1, "index"))))
+            (name in ("reshape", "identity", "cast") or (name == "getitem" and is_whole_index(arg(node, 1, "index"))))
             and value(src) is not None
-            and value(src).dtype == value(node).dtype  # x.view(dtype) is a bitcast, not a reshape
+            and value(src).dtype == value(node).dtype  # x.view(dtype) is a bitcast; a cast here must be a no-op
+            and value(src).device == value(node).device  # (bias.to(q.dtype) where it is q's dtype already)
             and same_size(numel(shape(src)), full)
         ):
             nodes.add(node)

@@ -66,6 +66,11 @@ def hf_sdpa(q, k, v, rel_h, rel_w):  # transformers SamHQVisionSdpaAttention
     return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias)
 
 
+def sdpa_mask_to_q_dtype(q, k, v, rel_h, rel_w):  # a defensive mask.to(q.dtype) that is a no-op
+    bias = (rel_h[..., None] + rel_w[..., None, :]).reshape(B, HEADS, N, N)
+    return F.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=bias.to(q.dtype), dropout_p=0.0)
+
+
 def einsum_products(q, k, v, rel_h, rel_w):  # both products as einsums, q second in the first one
     attn = torch.einsum("bkd,bqd->bqk", k, q * D**-0.5)
     attn = (attn.view(-1, GH, GW, GH, GW) + rel_h[..., None] + rel_w[..., None, :]).view(-1, N, N)
@@ -105,7 +110,7 @@ def mvit_write_back(q, k, v, rel_h, rel_w):  # timm's MViTv2 (no class token): t
 MATCHING = [
     (hf_eager, False), (five_d_view, False), (reordered, False), (post_scaled_4d, True), (hf_sdpa, False),
     (einsum_products, False), (baddbmm_scores, False), (upcast_scores, False), (mt_expanded_bias, False),
-    (swapaxes_contiguous, False), (mvit_write_back, True),
+    (swapaxes_contiguous, False), (mvit_write_back, True), (sdpa_mask_to_q_dtype, True),
 ]
 
 
