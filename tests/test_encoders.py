@@ -1,0 +1,156 @@
+"""Whole encoders written the way other code bases write them, compiled with backend="samhq" on CPU.
+
+Not HF's classes: segment-anything's ViT image encoder block (window partition with padding, `get_rel_pos`,
+`add_decomposed_rel_pos` on a 5-D view) and timm's MViTv2 attention without a class token (rel-pos terms from
+einsums, the biased scores written back into `attn[:, :, 0:, 0:]`). Each must fuse every attention layer and
+give float64's output and gradients, the rel-pos tables' included.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from helpers import fresh_compile_state, rel_err
+
+
+def get_rel_pos(q_size: int, k_size: int, rel_pos: torch.Tensor) -> torch.Tensor:
+    # segment-anything's: the table already has 2 * max(q, k) - 1 rows here, so no interpolation
+    q_coords = torch.arange(q_size)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size)[None, :] * max(q_size / k_size, 1.0)
+    relative_coords = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+    return rel_pos[relative_coords.long()]
+
+
+def add_decomposed_rel_pos(attn, q, rel_pos_h, rel_pos_w, q_size, k_size):
+    q_h, q_w = q_size
+    k_h, k_w = k_size
+    Rh, Rw = get_rel_pos(q_h, k_h, rel_pos_h), get_rel_pos(q_w, k_w, rel_pos_w)
+    B, _, dim = q.shape
+    r_q = q.reshape(B, q_h, q_w, dim)
+    rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, Rh)
+    rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, Rw)
+    attn = (attn.view(B, q_h, q_w, k_h, k_w) + rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).view(
+        B, q_h * q_w, k_h * k_w)
+    return attn
+
+
+class SamAttention(nn.Module):  # segment_anything/modeling/image_encoder.py: Attention
+    def __init__(self, dim, num_heads, input_size):
+        super().__init__()
+        self.num_heads, self.scale = num_heads, (dim // num_heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, dim * 3), nn.Linear(dim, dim)
+        self.rel_pos_h = nn.Parameter(torch.randn(2 * input_size[0] - 1, dim // num_heads) * 0.5)
+        self.rel_pos_w = nn.Parameter(torch.randn(2 * input_size[1] - 1, dim // num_heads) * 0.5)
+
+    def forward(self, x):
+        B, H, W, _ = x.shape
+        qkv = self.qkv(x).reshape(B, H * W, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(3, B * self.num_heads, H * W, -1).unbind(0)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = add_decomposed_rel_pos(attn, q, self.rel_pos_h, self.rel_pos_w, (H, W), (H, W))
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).view(B, self.num_heads, H, W, -1).permute(0, 2, 3, 1, 4).reshape(B, H, W, -1)
+        return self.proj(x)
+
+
+def window_partition(x, window_size):
+    B, H, W, C = x.shape
+    pad_h, pad_w = (window_size - H % window_size) % window_size, (window_size - W % window_size) % window_size
+    if pad_h > 0 or pad_w > 0:
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    Hp, Wp = H + pad_h, W + pad_w
+    x = x.view(B, Hp // window_size, window_size, Wp // window_size, window_size, C)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, window_size, window_size, C), (Hp, Wp)
+
+
+def window_unpartition(windows, window_size, pad_hw, hw):
+    (Hp, Wp), (H, W) = pad_hw, hw
+    B = windows.shape[0] // (Hp * Wp // window_size // window_size)
+    x = windows.view(B, Hp // window_size, Wp // window_size, window_size, window_size, -1)
+    x = x.permute(0, 1, 3, 2, 4, 5).contiguous().view(B, Hp, Wp, -1)
+    return x[:, :H, :W, :].contiguous() if Hp > H or Wp > W else x
+
+
+class SamBlock(nn.Module):  # segment_anything's Block: norm, (windowed) attention, MLP
+    def __init__(self, dim, num_heads, window_size, grid):
+        super().__init__()
+        self.window_size = window_size
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = SamAttention(dim, num_heads, (window_size, window_size) if window_size else grid)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        shortcut, x = x, self.norm1(x)
+        if self.window_size > 0:
+            H, W = x.shape[1], x.shape[2]
+            x, pad_hw = window_partition(x, self.window_size)
+        x = self.attn(x)
+        if self.window_size > 0:
+            x = window_unpartition(x, self.window_size, pad_hw, (H, W))
+        x = shortcut + x
+        return x + self.mlp(self.norm2(x))
+
+
+class MViTv2Attention(nn.Module):  # timm mvitv2: cal_rel_pos_type without a class token, q [B, heads, N, D]
+    def __init__(self, dim, num_heads, grid):
+        super().__init__()
+        self.num_heads, self.grid, self.scale = num_heads, grid, (dim // num_heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, dim * 3), nn.Linear(dim, dim)
+        self.rel_pos_h = nn.Parameter(torch.randn(2 * grid[0] - 1, dim // num_heads) * 0.5)
+        self.rel_pos_w = nn.Parameter(torch.randn(2 * grid[1] - 1, dim // num_heads) * 0.5)
+
+    def forward(self, x):  # x: [B, N, dim]
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        q_h, q_w = self.grid
+        dist_h = torch.arange(q_h)[:, None] - torch.arange(q_h)[None, :] + (q_h - 1)
+        dist_w = torch.arange(q_w)[:, None] - torch.arange(q_w)[None, :] + (q_w - 1)
+        Rh, Rw = self.rel_pos_h[dist_h.long()], self.rel_pos_w[dist_w.long()]
+        r_q = q[:, :, 0:].reshape(B, self.num_heads, q_h, q_w, -1)
+        rel_h = torch.einsum("byhwc,hkc->byhwk", r_q, Rh)
+        rel_w = torch.einsum("byhwc,wkc->byhwk", r_q, Rw)
+        attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(B, -1, q_h, q_w, q_h, q_w)
+                              + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).view(B, -1, q_h * q_w, q_h * q_w)
+        attn = attn.softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, N, -1))
+
+
+def _segment_anything_encoder():
+    grid = (10, 9)  # 7x7 windows over a padded 14x14 grid, then global 10x9
+    return nn.Sequential(SamBlock(32, 2, 7, grid), SamBlock(32, 2, 0, grid)), torch.randn(2, *grid, 32), 2
+
+
+def _mvitv2_encoder():
+    grid = (6, 5)
+    return nn.Sequential(MViTv2Attention(32, 2, grid), nn.LayerNorm(32), MViTv2Attention(32, 4, grid)), \
+        torch.randn(2, 30, 32), 2
+
+
+@pytest.mark.parametrize("build", [_segment_anything_encoder, _mvitv2_encoder], ids=["segment_anything", "mvitv2"])
+def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(build):
+    fresh_compile_state()
+    torch.manual_seed(0)
+    model, x, layers = build()
+    x.requires_grad_()
+    model64, x64 = _double(model), x.detach().double().requires_grad_()
+    out = torch.compile(model, backend="samhq")(x)
+    assert counters["samhq"]["fused"] == layers, dict(counters["samhq"])
+    ref = model64(x64)
+    assert rel_err(out, ref) < 1e-5
+    w = torch.randn_like(ref)
+    (out * w.float()).sum().backward()
+    (ref * w).sum().backward()
+    assert rel_err(x.grad, x64.grad) < 1e-5
+    for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
+        assert torch.isfinite(p.grad).all() and rel_err(p.grad, p64.grad) < 1e-5, name
+
+
+def _double(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model).double()
