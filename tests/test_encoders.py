@@ -1,8 +1,9 @@
 """Whole encoders written the way other code bases write them, compiled with backend="samhq" on CPU.
 
 Not HF's classes: segment-anything's ViT image encoder block (window partition with padding, `get_rel_pos`,
-`add_decomposed_rel_pos` on a 5-D view) and timm's MViTv2 attention without a class token (rel-pos terms from
-einsums, the biased scores written back into `attn[:, :, 0:, 0:]`). Each must fuse every attention layer and
+`add_decomposed_rel_pos` on a 5-D view), timm's SAM ViT attention (the bias built apart, then SDPA on 3-D q, k, v
+or the explicit softmax) and timm's MViTv2 attention without a class token (rel-pos terms from einsums, the
+biased scores written back into `attn[:, :, 0:, 0:]`). Each must fuse every attention layer and
 give float64's output and gradients, the rel-pos tables' included.
 """
 
@@ -57,6 +58,32 @@ class SamAttention(nn.Module):  # segment_anything/modeling/image_encoder.py: At
         return self.proj(x)
 
 
+class TimmSamAttention(SamAttention):  # timm vision_transformer_sam.py: get_decomposed_rel_pos_bias, fused_attn
+    fused_attn = True
+
+    def forward(self, x):
+        B, H, W, _ = x.shape
+        N = H * W
+        qkv = self.qkv(x.reshape(B, N, -1)).view(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(3, B * self.num_heads, N, -1).unbind(0)
+        Rh, Rw = get_rel_pos(H, H, self.rel_pos_h), get_rel_pos(W, W, self.rel_pos_w)
+        r_q = q.reshape(B * self.num_heads, H, W, -1)
+        rel_h = torch.einsum("bhwc,hkc->bhwk", r_q, Rh)
+        rel_w = torch.einsum("bhwc,wkc->bhwk", r_q, Rw)
+        attn_bias = (rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).reshape(-1, N, N)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=0.0)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            x = (attn + attn_bias).softmax(dim=-1) @ v
+        x = x.view(B, self.num_heads, N, -1).transpose(1, 2).reshape(B, N, -1)
+        return self.proj(x).view(B, H, W, -1)
+
+
+class TimmSamAttentionExplicit(TimmSamAttention):
+    fused_attn = False
+
+
 def window_partition(x, window_size):
     B, H, W, C = x.shape
     pad_h, pad_w = (window_size - H % window_size) % window_size, (window_size - W % window_size) % window_size
@@ -76,11 +103,11 @@ def window_unpartition(windows, window_size, pad_hw, hw):
 
 
 class SamBlock(nn.Module):  # segment_anything's Block: norm, (windowed) attention, MLP
-    def __init__(self, dim, num_heads, window_size, grid):
+    def __init__(self, dim, num_heads, window_size, grid, attention=SamAttention):
         super().__init__()
         self.window_size = window_size
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = SamAttention(dim, num_heads, (window_size, window_size) if window_size else grid)
+        self.attn = attention(dim, num_heads, (window_size, window_size) if window_size else grid)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
 
     def forward(self, x):
@@ -125,13 +152,20 @@ def _segment_anything_encoder():
     return nn.Sequential(SamBlock(32, 2, 7, grid), SamBlock(32, 2, 0, grid)), torch.randn(2, *grid, 32), 2
 
 
+def _timm_sam_encoder():  # SDPA in one block, the explicit softmax in the other
+    grid = (10, 9)
+    blocks = [SamBlock(32, 2, 7, grid, TimmSamAttention), SamBlock(32, 2, 0, grid, TimmSamAttentionExplicit)]
+    return nn.Sequential(*blocks), torch.randn(2, *grid, 32), 2
+
+
 def _mvitv2_encoder():
     grid = (6, 5)
     return nn.Sequential(MViTv2Attention(32, 2, grid), nn.LayerNorm(32), MViTv2Attention(32, 4, grid)), \
         torch.randn(2, 30, 32), 2
 
 
-@pytest.mark.parametrize("build", [_segment_anything_encoder, _mvitv2_encoder], ids=["segment_anything", "mvitv2"])
+@pytest.mark.parametrize("build", [_segment_anything_encoder, _timm_sam_encoder, _mvitv2_encoder],
+                         ids=["segment_anything", "timm_sam", "mvitv2"])
 def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(build):
     fresh_compile_state()
     torch.manual_seed(0)
