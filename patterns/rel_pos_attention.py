@@ -289,7 +289,7 @@ def _probs_to_pv(softmax: Node, nodes: set[Node]) -> tuple[Node, Node]:
         if user is None:
             raise NoMatch(f"attention probabilities ({node.name}) are used elsewhere, e.g. output_attentions=True")
         name = op_name(user)
-        if name in ("cast", "identity") and shape(user) == shape(node):
+        if name in ("cast", "identity") and _same_shape(shape(user), shape(node)):
             pass
         elif name == "dropout":
             p, training = arg(user, 1, "p", 0.5), arg(user, 2, "training", True)
@@ -307,13 +307,18 @@ def _probs_to_pv(softmax: Node, nodes: set[Node]) -> tuple[Node, Node]:
         node = user
 
 
+def _same_shape(a, b) -> bool:
+    """Shapes provably equal, dim by dim (symbolic sizes compared without a guard)."""
+    return a is not None and b is not None and len(a) == len(b) and all(map(same_size, a, b))
+
+
 def _peel_upcast(x: Node, nodes: set[Node]) -> Node:
     """scores.float() (or .to(torch.float32)) right before the softmax -> scores: the fused op computes the
     softmax in fp32 from fp32 scores, as precise as the upcast or more. Only casts to fp32 from a 16- or 32-bit
     float, same shape and device; anything else stays in the tree (and is a leaf there)."""
     while isinstance(x, Node) and op_name(x) == "cast":
         src, out = value(x.args[0] if x.args else None), value(x)
-        if src is None or out is None or out.dtype != torch.float32 or src.shape != out.shape:
+        if src is None or out is None or out.dtype != torch.float32 or not _same_shape(src.shape, out.shape):
             break
         if src.dtype not in (torch.float16, torch.bfloat16, torch.float32) or src.device != out.device:
             break
@@ -336,7 +341,8 @@ def _written_scores(x: Node, softmax: Node, nodes: set[Node]) -> Node:
     if len(writes) > 1:
         raise NoMatch(f"the scores {x.name} are written {len(writes)} times before the softmax")
     write, index, val = writes[0], writes[0].args[1], writes[0].args[2]
-    if not is_whole_index(index) or shape(val) != shape(x) or value(val) is None or value(val).dtype != value(x).dtype:
+    if not is_whole_index(index) or value(val) is None or not _same_shape(shape(val), shape(x)) \
+            or value(val).dtype != value(x).dtype:
         raise NoMatch(f"{write.name} writes part of the scores {x.name} (index {index})")
     n = write
     while n is not None and n is not softmax and n.op != "output":

@@ -172,7 +172,8 @@ def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(build):
     model, x, layers = build()
     x.requires_grad_()
     model64, x64 = _double(model), x.detach().double().requires_grad_()
-    out = torch.compile(model, backend="samhq")(x)
+    compiled = torch.compile(model, backend="samhq")
+    out = compiled(x)
     assert counters["samhq"]["fused"] == layers, dict(counters["samhq"])
     ref = model64(x64)
     assert rel_err(out, ref) < 1e-5
@@ -182,6 +183,11 @@ def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(build):
     assert rel_err(x.grad, x64.grad) < 1e-5
     for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
         assert torch.isfinite(p.grad).all() and rel_err(p.grad, p64.grad) < 1e-5, name
+    # a second batch size recompiles with a symbolic batch (automatic dynamic shapes) and stays fused
+    x3 = torch.randn(3, *x.shape[1:])
+    with torch.no_grad():
+        assert rel_err(compiled(x3), model64(x3.double())) < 1e-5
+    assert counters["samhq"]["fused"] == 2 * layers, dict(counters["samhq"])
 
 
 def _double(model: nn.Module) -> nn.Module:
