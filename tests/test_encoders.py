@@ -164,29 +164,37 @@ def _mvitv2_encoder():
         torch.randn(2, 30, 32), 2
 
 
-@pytest.mark.parametrize("build", [_segment_anything_encoder, _timm_sam_encoder, _mvitv2_encoder],
-                         ids=["segment_anything", "timm_sam", "mvitv2"])
-def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(build):
+ENCODERS = {"segment_anything": _segment_anything_encoder, "timm_sam": _timm_sam_encoder, "mvitv2": _mvitv2_encoder}
+
+
+@pytest.mark.parametrize("name", list(ENCODERS))
+def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(name):
+    check_encoder(ENCODERS[name])
+
+
+def check_encoder(build, device: str = "cpu", tol: float = 1e-5) -> None:
+    """build()'s encoder compiled with backend="samhq": every layer fused, output and every gradient within tol of
+    float64, still fused at a second batch size (tests/test_gpu.py runs it on CUDA)."""
     fresh_compile_state()
     torch.manual_seed(0)
     model, x, layers = build()
-    x.requires_grad_()
+    model, x = model.to(device), x.to(device).requires_grad_()
     model64, x64 = _double(model), x.detach().double().requires_grad_()
     compiled = torch.compile(model, backend="samhq")
     out = compiled(x)
     assert counters["samhq"]["fused"] == layers, dict(counters["samhq"])
     ref = model64(x64)
-    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, ref) < tol
     w = torch.randn_like(ref)
     (out * w.float()).sum().backward()
     (ref * w).sum().backward()
-    assert rel_err(x.grad, x64.grad) < 1e-5
+    assert rel_err(x.grad, x64.grad) < tol
     for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
-        assert torch.isfinite(p.grad).all() and rel_err(p.grad, p64.grad) < 1e-5, name
+        assert torch.isfinite(p.grad).all() and rel_err(p.grad, p64.grad) < tol, name
     # a second batch size recompiles with a symbolic batch (automatic dynamic shapes) and stays fused
-    x3 = torch.randn(3, *x.shape[1:])
+    x3 = torch.randn(3, *x.shape[1:], device=device)
     with torch.no_grad():
-        assert rel_err(compiled(x3), model64(x3.double())) < 1e-5
+        assert rel_err(compiled(x3), model64(x3.double())) < tol
     assert counters["samhq"]["fused"] == 2 * layers, dict(counters["samhq"])
 
 

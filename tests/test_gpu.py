@@ -418,6 +418,7 @@ def test_compiled_autograd_backward_goes_through_samhq(tmp_path, no_fallback):
             assert rel_err(model.get_parameter(name).grad, g) < 1e-5, (mode, name)
 
 
+
 def _spellings():
     import test_patterns
 
@@ -430,39 +431,12 @@ def test_every_spelling_runs_the_kernels_and_matches_float64(fn, heads_dim, no_f
     # kernels in whatever layout the spelling leaves them (einsum operands, k.mT, MViTv2's write-back), fp32 IEEE
     import test_patterns
 
-    fresh_compile_state()
-    args = [t.detach().cuda().requires_grad_() for t in test_patterns.inputs(heads_dim=heads_dim)]
-    ref_args = [t.detach().double().requires_grad_() for t in args]
-    ref = fn(*ref_args)
-    out = torch.compile(fn, backend="samhq", fullgraph=True)(*args)
-    assert counters["samhq"]["fused"] == 1, dict(counters["samhq"])
-    assert rel_err(out, ref) < 1e-4
-    dout = torch.randn_like(ref)
-    got = torch.autograd.grad(out, args, dout.float())
-    exp = torch.autograd.grad(ref, ref_args, dout)
-    for name, g, e in zip(("q", "k", "v", "rel_h", "rel_w"), got, exp):
-        assert torch.isfinite(g).all() and rel_err(g, e) < 1e-4, name
+    test_patterns.check_spelling(fn, heads_dim, device="cuda", tol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["segment_anything", "timm_sam", "mvitv2"])
 def test_encoders_written_elsewhere_match_float64(name, no_fallback):
     # tests/test_encoders.py's encoders on CUDA: every layer through the Triton kernels, fp32 IEEE against float64
-    import copy
-
     import test_encoders
 
-    fresh_compile_state()
-    torch.manual_seed(0)
-    model, x, layers = getattr(test_encoders, f"_{name}_encoder")()
-    model, x = model.cuda(), x.cuda().requires_grad_()
-    model64, x64 = copy.deepcopy(model).double(), x.detach().double().requires_grad_()
-    out = torch.compile(model, backend="samhq")(x)
-    assert counters["samhq"]["fused"] == layers, dict(counters["samhq"])
-    ref = model64(x64)
-    assert rel_err(out, ref) < 1e-4
-    w = torch.randn_like(ref)
-    (out * w.float()).sum().backward()
-    (ref * w).sum().backward()
-    assert rel_err(x.grad, x64.grad) < 1e-4
-    for (pname, p), p64 in zip(model.named_parameters(), model64.parameters()):
-        assert torch.isfinite(p.grad).all() and rel_err(p.grad, p64.grad) < 1e-4, pname
+    test_encoders.check_encoder(test_encoders.ENCODERS[name], device="cuda", tol=1e-4)
