@@ -327,7 +327,12 @@ def _peel_upcast(x: Node, nodes: set[Node]) -> Node:
     return x
 
 
-def _written_scores(x: Node, softmax: Node, nodes: set[Node]) -> Node:
+def _is_setitem_into(node: Node, x: Node) -> bool:
+    """node is `x[index] = value`."""
+    return node.op == "call_function" and node.target is operator.setitem and node.args[0] is x
+
+
+def _written_scores(x: Node, softmax: Node) -> Node:
     """The value the softmax reads when the scores were written back whole before it, as timm's MViTv2 does
     (`attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(...) + rel_h + rel_w).view(...)`): the written value, else x.
 
@@ -335,7 +340,7 @@ def _written_scores(x: Node, softmax: Node, nodes: set[Node]) -> Node:
     them); the fused op reads the written value, which is the bias tree. Left alone: a write of part of the scores
     (MViTv2 with a class token), two writes, or other reads of the scores than the ones that build the value.
     """
-    writes = [u for u in x.users if u.op == "call_function" and u.target is operator.setitem and u.args[0] is x]
+    writes = [u for u in x.users if _is_setitem_into(u, x)]
     if not writes:
         return x
     if len(writes) > 1:
@@ -349,14 +354,13 @@ def _written_scores(x: Node, softmax: Node, nodes: set[Node]) -> Node:
         n = n.next
     if n is not softmax:
         raise NoMatch(f"{write.name} writes the scores after the softmax reads them")
-    nodes.add(val)
     return val
 
 
 def _check_scores_reads(x: Node, softmax: Node, nodes: set[Node]) -> None:
     """With a write-back (_written_scores), every other read of the scores must be part of this match."""
     for u in x.users:
-        if u is not softmax and u not in nodes and not (u.op == "call_function" and u.target is operator.setitem):
+        if u is not softmax and u not in nodes and not _is_setitem_into(u, x):
             raise NoMatch(f"the scores {x.name} written back are also read by {u.name}")
 
 
@@ -370,7 +374,7 @@ def _match_softmax(node: Node) -> Match:
         raise NoMatch(f"softmax over dim {dim}, not the last")
     n_q, n_k = xs[-2], xs[-1]
     nodes = {node}
-    written = _written_scores(x, node, nodes)
+    written = _written_scores(x, node)
     scores, x = x, _peel_upcast(written, nodes)
     dense, rel_h, rel_w, grid = _bias_terms(x, n_q, n_k, xs[:-2], nodes)
     if len(dense) != 1:

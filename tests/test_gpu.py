@@ -17,6 +17,8 @@ from torch._dynamo.utils import counters
 
 from samhq_fx.models import random_init_, tiny_vision_config
 
+import test_encoders
+import test_patterns
 from helpers import fresh_compile_state, rel_err, whole_samhq_model_and_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -418,25 +420,14 @@ def test_compiled_autograd_backward_goes_through_samhq(tmp_path, no_fallback):
             assert rel_err(model.get_parameter(name).grad, g) < 1e-5, (mode, name)
 
 
-
-def _spellings():
-    import test_patterns
-
-    return test_patterns.MATCHING
-
-
-@pytest.mark.parametrize("fn,heads_dim", _spellings(), ids=[f.__name__ for f, _ in _spellings()])
+@pytest.mark.parametrize("fn,heads_dim", test_patterns.MATCHING, ids=[f.__name__ for f, _ in test_patterns.MATCHING])
 def test_every_spelling_runs_the_kernels_and_matches_float64(fn, heads_dim, no_fallback):
     # the matcher's spellings (tests/test_patterns.py) on CUDA: their q, k, v and rel-pos terms reach the Triton
     # kernels in whatever layout the spelling leaves them (einsum operands, k.mT, MViTv2's write-back), fp32 IEEE
-    import test_patterns
-
     test_patterns.check_spelling(fn, heads_dim, device="cuda", tol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["segment_anything", "timm_sam", "mvitv2"])
+@pytest.mark.parametrize("name", list(test_encoders.ENCODERS))
 def test_encoders_written_elsewhere_match_float64(name, no_fallback):
     # tests/test_encoders.py's encoders on CUDA: every layer through the Triton kernels, fp32 IEEE against float64
-    import test_encoders
-
     test_encoders.check_encoder(test_encoders.ENCODERS[name], device="cuda", tol=1e-4)
