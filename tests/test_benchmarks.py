@@ -613,3 +613,20 @@ def test_gpu_pending_parts_are_listed_where_a_user_reads_them():
     assert len(labels) >= 20
     assert header == labels
     assert sorted(usage) == sorted(labels)
+
+
+def test_profile_kernels_summarizes_an_ncu_export(tmp_path):
+    # ncu --csv --page details: its log lines first, then one row per (launch, metric); units as ncu writes them
+    import profile_kernels
+    head = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
+    rows = [("0", "_fwd_kernel(int, int)", "Duration", "usecond", "251.30"),
+            ("0", "_fwd_kernel(int, int)", "Dynamic Shared Memory Per Block", "byte", "81,920"),
+            ("0", "_fwd_kernel(int, int)", "Block Limit Registers", "block", "2"),  # not a summary column
+            ("1", "_bwd_kernel(int)", "Duration", "msecond", "1.20"),
+            ("1", "_bwd_kernel(int)", "Achieved Occupancy", "%", "12.3")]
+    text = "==PROF== Connected to process 1\n" + head + "\n" + "\n".join(
+        ",".join(f'"{x}"' for x in (i, k, "s", m, u, v)) for i, k, m, u, v in rows) + "\n"
+    (tmp_path / "p.csv").write_text(text)
+    got = profile_kernels.summarize(str(tmp_path / "p.csv"))
+    assert got == [{"kernel": "_fwd_kernel", "us": pytest.approx(251.3), "smem KB": pytest.approx(80.0)},
+                   {"kernel": "_bwd_kernel", "us": pytest.approx(1200.0), "occ %": pytest.approx(12.3)}]

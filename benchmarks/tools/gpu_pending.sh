@@ -3,7 +3,8 @@
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train,
 # vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
 # train-both-b4 and d80 again at 050645a, 2026-12-03) or measures one still open (vit-h-train2, ro-train-tf32-b4,
-# vit-l-train-ro, vit-h-train-ro; train-both-tf32, whose two Inductor classes ran against samhq in two processes).
+# vit-l-train-ro, vit-h-train-ro, d80-ncu; train-both-tf32, whose two Inductor classes ran against samhq in two
+# processes).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
@@ -26,6 +27,8 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-l-train-ro # ViT-L / ViT-H training step at bf16 B=1 under
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train-ro # reduce-overhead, samhq and Inductor ("sdpa" class)
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
+#   bash benchmarks/tools/gpu_pending.sh d80-ncu      # ncu of ViT-H's global layer (16 heads, 64x64), bf16 and TF32:
+#                                                     # head dim 64, 80 as 64 + 16, 80 padded to 128 (~4 min)
 #   bash benchmarks/tools/gpu_pending.sh ro-train-b1  # the reduce-overhead training step at batch 1, bf16 and TF32,
 #                                                     # against both Inductor classes (6 ViT-B training builds)
 #   bash benchmarks/tools/gpu_pending.sh tf32-train-b4 # ViT-B forward + backward in TF32 at batch 4, samhq and both
@@ -100,6 +103,16 @@ vit-l-train-ro|vit-h-train-ro)
 d80)
     timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
     tail -12 "$OUT/d80.log" ;;
+d80-ncu)
+    PK=benchmarks/tools/profile_kernels.py
+    for cell in "bf16 64 1" "bf16 80 1" "bf16 80 0" "fp32-tf32 64 1" "fp32-tf32 80 1" "fp32-tf32 80 0"; do
+        read -r mode d chunks <<< "$cell"  # chunks 0: SAMHQ_FX_SPLIT_HEAD_DIM=0, head dim 80 padded to 128
+        name="ncu-$mode-d$d-split$chunks"
+        SAMHQ_FX_SPLIT_HEAD_DIM=$chunks timeout 150 ncu --clock-control none --section SpeedOfLight \
+            --section Occupancy --section LaunchStats -k regex:"_fwd_kernel|_bwd_kernel" --csv --page details \
+            python $PK --mode "$mode" --heads 16 --head-dim "$d" > "$OUT/$name.csv" 2> "$OUT/$name.log"
+        echo "--- $name"; python $PK --summarize "$OUT/$name.csv"
+    done ;;
 ro-train-b1)
     timeout 590 python benchmarks/train_step.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --modes \
         reduce-overhead --batch 1 --dtype bf16,tf32 --steps 10 --warmup 3 --time-budget 570 --out "$OUT" \
@@ -135,7 +148,7 @@ train-both-b1|train-both-b4|train-both-tf32)
     grep -E "wall" "$OUT/$part.log" ;;
 *)
     parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|vit-l-train-ro"
-    parts="$parts|vit-h-train-ro|d80"
+    parts="$parts|vit-h-train-ro|d80|d80-ncu"
     more="ro-train-b1|tf32-train-b4|vit-h-infer|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
     echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;

@@ -1,37 +1,77 @@
-"""One forward + backward of the SAM-B global layer through our kernels, for a profiler to wrap.
+"""One forward + backward of a SAM global layer through our kernels, for a profiler to wrap.
 
     ncu --set full --clock-control none -k regex:"_fwd_kernel|_bwd_kernel" -c 3 -o prof \\
         python benchmarks/tools/profile_kernels.py --mode bf16 [--overrides '{"bwd": {"FUSED": true}}']
 
 Runs the call twice (the first compiles; ncu's -c counts launches, so skip the first call's with
---launch-skip 3 for a split backward) and nothing else, so the profile holds only our launches.
+--launch-skip 3 for a split backward) and nothing else, so the profile holds only our launches. The default
+shape is SAM-B's (12 heads, head dim 64); ViT-H's global layer is `--heads 16 --head-dim 80`
+(SAMHQ_FX_SPLIT_HEAD_DIM=0 in the environment pads that head dim to 128 instead of running it as 64 + 16).
+
+    python benchmarks/tools/profile_kernels.py --summarize prof.csv
+
+prints one line per launch of an `ncu --csv --page details` export: duration, registers, shared memory,
+occupancy and throughputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: bench_attention_core
-from bench_attention_core import D, HEADS, K, MODES, make, ours_fns  # noqa: E402
+
+# ncu metric name -> column heading, in print order
+SUMMARY = {"Duration": "us", "Registers Per Thread": "regs", "Dynamic Shared Memory Per Block": "smem KB",
+           "Theoretical Occupancy": "occ theor %", "Achieved Occupancy": "occ %",
+           "Compute (SM) Throughput": "SM %", "Memory Throughput": "mem %"}
+
+
+def summarize(path: str) -> list[dict]:
+    """One dict per launch ("ID" of ncu's export) with the SUMMARY metrics, durations in us, shared memory in KB."""
+    launches: dict[str, dict] = {}
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]  # ncu prints its own log lines before the CSV
+    for row in csv.DictReader(lines):
+        name = row["Metric Name"]
+        if name not in SUMMARY:
+            continue
+        d = launches.setdefault(row["ID"], {"kernel": row["Kernel Name"].split("(")[0]})
+        value, unit = float(row["Metric Value"].replace(",", "")), row["Metric Unit"]
+        value *= {"nsecond": 1e-3, "msecond": 1e3, "usecond": 1.0, "byte": 1 / 1024, "Kbyte": 1.0}.get(unit, 1.0)
+        d[SUMMARY[name]] = value
+    return list(launches.values())
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", default="bf16", choices=list(MODES))
+    ap.add_argument("--mode", default="bf16", choices=["bf16", "fp32-tf32", "fp32-highest"])
     ap.add_argument("--grid", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=None, help="default: SAM-B's 12")
+    ap.add_argument("--head-dim", type=int, default=None, help="default: SAM-B's 64")
     ap.add_argument("--overrides", default="{}", help="JSON for kernels.configs.OVERRIDES")
+    ap.add_argument("--summarize", metavar="CSV", help="print an `ncu --csv --page details` export and exit")
     args = ap.parse_args()
+    if args.summarize:
+        cols = list(SUMMARY.values())
+        print(f"{'kernel':<14}" + "".join(f"{c:>12}" for c in cols))
+        for d in summarize(args.summarize):
+            print(f"{d['kernel']:<14}" + "".join(f"{d.get(c, float('nan')):12.1f}" for c in cols))
+        return
+
+    import torch
+    from bench_attention_core import D, HEADS, K, MODES, make, ours_fns  # noqa: E402
+
+    heads, d = args.heads or HEADS, args.head_dim or D
     dtype, prec = MODES[args.mode]
     torch.set_float32_matmul_precision(prec)
     K.configs.OVERRIDES = json.loads(args.overrides)
-    q, k, v, rh, rw, do = make(args.batch * HEADS, args.grid, dtype)
-    _, _, both = ours_fns(q, k, v, rh, rw, do, D ** -0.5)
+    q, k, v, rh, rw, do = make(args.batch * heads, args.grid, dtype, d=d)
+    _, _, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5)
     for _ in range(2):
         both()
     torch.cuda.synchronize()
