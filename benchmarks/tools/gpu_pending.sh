@@ -3,7 +3,7 @@
 # recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train,
 # vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
 # train-both-b4 and d80 again at 050645a, 2026-12-03) or measures one still open (vit-h-train2, ro-train-tf32-b4,
-# vit-l-train-ro, vit-h-train-ro, d80-ncu; train-both-tf32, whose two Inductor classes ran against samhq in two
+# vit-l-train-ro, vit-h-train-ro, d80-ncu, static-ab; train-both-tf32, whose two Inductor classes ran against samhq in two
 # processes).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
@@ -29,6 +29,8 @@
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
 #   bash benchmarks/tools/gpu_pending.sh d80-ncu      # ncu of ViT-H's global layer (16 heads, 64x64), bf16 and TF32:
 #                                                     # head dim 64, 80 as 64 + 16, 80 padded to 128 (~4 min)
+#   bash benchmarks/tools/gpu_pending.sh static-ab    # ViT-B inference bf16 B=1, the fused op launched by Inductor's
+#                                                     # static launcher (the default) against Triton's, one process
 #   bash benchmarks/tools/gpu_pending.sh ro-train-b1  # the reduce-overhead training step at batch 1, bf16 and TF32,
 #                                                     # against both Inductor classes (6 ViT-B training builds)
 #   bash benchmarks/tools/gpu_pending.sh tf32-train-b4 # ViT-B forward + backward in TF32 at batch 4, samhq and both
@@ -113,6 +115,10 @@ d80-ncu)
             python $PK --mode "$mode" --heads 16 --head-dim "$d" > "$OUT/$name.csv" 2> "$OUT/$name.log"
         echo "--- $name"; python $PK --summarize "$OUT/$name.csv"
     done ;;
+static-ab)
+    timeout 300 python $PH --what infer --builds samhq,samhq-triton-launcher --iters 20 --rounds 4 \
+        --out "$OUT/static-ab" > "$OUT/static-ab.log" 2>&1
+    grep -E "wall|launch" "$OUT/static-ab.log" ;;
 ro-train-b1)
     timeout 590 python benchmarks/train_step.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --modes \
         reduce-overhead --batch 1 --dtype bf16,tf32 --steps 10 --warmup 3 --time-budget 570 --out "$OUT" \
@@ -148,7 +154,7 @@ train-both-b1|train-both-b4|train-both-tf32)
     grep -E "wall" "$OUT/$part.log" ;;
 *)
     parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|vit-l-train-ro"
-    parts="$parts|vit-h-train-ro|d80|d80-ncu"
+    parts="$parts|vit-h-train-ro|d80|d80-ncu|static-ab"
     more="ro-train-b1|tf32-train-b4|vit-h-infer|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
     echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;
