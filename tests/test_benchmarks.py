@@ -619,9 +619,9 @@ def test_profile_kernels_summarizes_an_ncu_export(tmp_path):
     # ncu --csv --page details: its log lines first, then one row per (launch, metric); units as ncu writes them
     import profile_kernels
     head = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
-    rows = [("0", "_fwd_kernel(int, int)", "Duration", "usecond", "251.30"),
-            ("0", "_fwd_kernel(int, int)", "Dynamic Shared Memory Per Block", "byte", "81,920"),
-            ("0", "_fwd_kernel(int, int)", "Block Limit Registers", "block", "2"),  # not a summary column
+    rows = [("0", "_fwd_kernel", "Duration", "ns", "251,300"),
+            ("0", "_fwd_kernel", "Dynamic Shared Memory Per Block", "byte/block", "81,920"),
+            ("0", "_fwd_kernel", "Block Limit Registers", "block", "2"),  # not a summary column
             ("1", "_bwd_kernel(int)", "Duration", "msecond", "1.20"),
             ("1", "_bwd_kernel(int)", "Achieved Occupancy", "%", "12.3")]
     text = "==PROF== Connected to process 1\n" + head + "\n" + "\n".join(

@@ -56,8 +56,8 @@ for part in "${@:-tests}"; do
 echo "=== $part"
 case "$part" in
 tests)
-    timeout 400 python -m pytest -v -rf -m gpu -n 12 tests/ > "$OUT/tests.log" 2>&1
-    grep -E "FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -8 ;;
+    timeout 400 python -m pytest -v -rf -m gpu -n 12 --tb=short tests/ > "$OUT/tests.log" 2>&1
+    grep -E "^E  |^tests/.*: in |FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -40 ;;  # why, not only which
 decoder)
     timeout 330 python $PH --what decoder --batch 4 --builds samhq-sdpa,samhq-sdpa-held,inductor-sdpa,inductor-sdpa-held \
         --iters 10 --rounds 5 --out "$OUT" > "$OUT/decoder.log" 2>&1
@@ -112,9 +112,10 @@ d80-ncu)
         name="ncu-$mode-d$d-split$chunks"
         SAMHQ_FX_SPLIT_HEAD_DIM=$chunks timeout 150 ncu --clock-control none --section SpeedOfLight \
             --section Occupancy --section LaunchStats -k regex:"_fwd_kernel|_bwd_kernel" --csv --page details \
-            python $PK --mode "$mode" --heads 16 --head-dim "$d" > "$OUT/$name.csv" 2> "$OUT/$name.log"
+            python $PK --mode "$mode" --heads 16 --head-dim "$d" > "$OUT/$name.csv" 2>> "$OUT/d80-ncu.log"
         echo "--- $name"; python $PK --summarize "$OUT/$name.csv"
-    done ;;
+    done 2>&1 | tee "$OUT/d80-ncu.txt"
+    tar -czf "$OUT/d80-ncu-csv.tgz" -C "$OUT" --remove-files $(cd "$OUT" && ls ncu-*.csv) ;;  # few files come back
 static-ab)
     timeout 300 python $PH --what infer --builds samhq,samhq-triton-launcher --iters 20 --rounds 4 \
         --out "$OUT/static-ab" > "$OUT/static-ab.log" 2>&1

@@ -30,6 +30,11 @@ SUMMARY = {"Duration": "us", "Registers Per Thread": "regs", "Dynamic Shared Mem
            "Compute (SM) Throughput": "SM %", "Memory Throughput": "mem %"}
 
 
+# to us and KB; ncu 2025.3 writes "ns" / "us" / "ms" and "byte/block" / "Kbyte/block", older ones "nsecond"
+_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+          "byte": 1 / 1024, "Kbyte": 1.0, "Mbyte": 1024.0}
+
+
 def summarize(path: str) -> list[dict]:
     """One dict per launch ("ID" of ncu's export) with the SUMMARY metrics, durations in us, shared memory in KB."""
     launches: dict[str, dict] = {}
@@ -40,8 +45,8 @@ def summarize(path: str) -> list[dict]:
         if name not in SUMMARY:
             continue
         d = launches.setdefault(row["ID"], {"kernel": row["Kernel Name"].split("(")[0]})
-        value, unit = float(row["Metric Value"].replace(",", "")), row["Metric Unit"]
-        value *= {"nsecond": 1e-3, "msecond": 1e3, "usecond": 1.0, "byte": 1 / 1024, "Kbyte": 1.0}.get(unit, 1.0)
+        value, unit = float(row["Metric Value"].replace(",", "")), row["Metric Unit"].split("/")[0]  # "byte/block"
+        value *= _SCALE.get(unit, 1.0)
         d[SUMMARY[name]] = value
     return list(launches.values())
 
