@@ -327,18 +327,21 @@ def default_mode_rows(payloads: list[dict]) -> list[dict]:
     that gathers several runs ({"cells": {key: run, ...}}, e.g. profile_host_vit-l_infer_h200.json) gives a cell per
     run, named by its model and key. Where several runs name one cell (a later run of it, or a variant such as
     profile_host_infer_bf16_b1_cpp_wrapper_h200.json) only one is kept, since a panel is one process's builds: the
-    latest by recorded date, ties going to the run given last (an undated run counts as the oldest)."""
+    latest by recorded date, ties going to the run given last (an undated run counts as the oldest). A run with no
+    Inductor build (an A/B of samhq's own options, e.g. profile_host_infer_bf16_b1_static_ab_*.json) is kept only
+    where no run of the cell has one: a panel compares samhq with Inductor."""
     runs = [(p, None, p) for p in payloads if "cells" not in p]
     runs += [(run, key, p) for p in payloads for key, run in p.get("cells", {}).items()]
-    latest = {}  # cell -> (date, order, run)
+    latest = {}  # cell -> ((has an Inductor build, date, order), run)
     for order, (p, key, top) in enumerate(runs):
         a = p["args"]
         cell = f"{a['model']} {a['what']} {key}" if key else f"{a['model']} {a['what']} {a['dtype']} B={a['batch']}"
         date = (p.get("recorded") or top.get("recorded") or {}).get("date", "")
-        if cell not in latest or (date, order) >= latest[cell][:2]:
-            latest[cell] = (date, order, p)
+        rank = (any(b.startswith("inductor") for b in p["builds"]), date, order)
+        if cell not in latest or rank >= latest[cell][0]:
+            latest[cell] = (rank, p)
     rows = []
-    for cell, (_, _, p) in latest.items():  # cells in the order first seen
+    for cell, (_, p) in latest.items():  # cells in the order first seen
         for name, b in p["builds"].items():
             if b.get("wall_ms") is not None:
                 rows.append(dict(cell=cell, build=name, wall_ms=b["wall_ms"], gpu_ms=b["gpu_ms"],

@@ -565,14 +565,19 @@ def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys)
     cells = [r["cell"] for r in plot.default_mode_rows([payload, gathered])]
     assert cells == ["vit-b infer bf16 B=1"] * 2 + ["vit-b infer bf16_b8_sdpa"] * 2 + ["vit-b infer bf16_b1"] * 2
     # several runs of one cell: one process per panel, the latest recorded wins, a tie goes to the run given last
-    def run(day, wall):
+    def run(day, wall, other="inductor-sdpa"):
         return {**payload, "recorded": {"date": f"2026-12-0{day}"},
-                "builds": {"samhq": {"wall_ms": wall, "gpu_ms": 3.0}}}
+                "builds": {"samhq": {"wall_ms": wall, "gpu_ms": 3.0}, other: {"wall_ms": 8.0, "gpu_ms": 4.0}}}
     rows = plot.default_mode_rows([run(3, 5.0), run(2, 9.0), payload, run(3, 6.0)])
-    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 6.0)]
+    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 6.0), ("vit-b infer bf16 B=1", 8.0)]
     rows = plot.default_mode_rows([run(2, 9.0), {**payload, "args": {**payload["args"], "batch": 8}}, payload])
-    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 9.0), ("vit-b infer bf16 B=8", 6.0),
-                                                         ("vit-b infer bf16 B=8", 7.0)]
+    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 9.0), ("vit-b infer bf16 B=1", 8.0),
+                                                         ("vit-b infer bf16 B=8", 6.0), ("vit-b infer bf16 B=8", 7.0)]
+    # a later A/B of samhq's own options (no Inductor build) does not replace a comparison, and stands alone
+    rows = plot.default_mode_rows([run(2, 9.0), run(3, 5.0, other="samhq-triton-launcher")])
+    assert [(r["build"], r["wall_ms"]) for r in rows] == [("samhq", 9.0), ("inductor-sdpa", 8.0)]
+    rows = plot.default_mode_rows([run(3, 5.0, other="samhq-triton-launcher")])
+    assert [r["build"] for r in rows] == ["samhq", "samhq-triton-launcher"]
 
 
 def test_profile_host_decoder_step_trains_only_the_decoder_and_held_weights_keep_its_bits():
