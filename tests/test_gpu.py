@@ -427,7 +427,9 @@ def test_every_spelling_runs_the_kernels_and_matches_float64(fn, heads_dim, no_f
     test_patterns.check_spelling(fn, heads_dim, device="cuda", tol=1e-4)
 
 
+@pytest.mark.parametrize("triton_op", ["auto", False])  # Inductor launches the kernels (Hopper) / the opaque op does
 @pytest.mark.parametrize("name", list(test_encoders.ENCODERS))
-def test_encoders_written_elsewhere_match_float64(name, no_fallback):
+def test_encoders_written_elsewhere_match_float64(name, triton_op, no_fallback):
     # tests/test_encoders.py's encoders on CUDA: every layer through the Triton kernels, fp32 IEEE against float64
-    test_encoders.check_encoder(test_encoders.ENCODERS[name], device="cuda", tol=1e-4)
+    test_encoders.check_encoder(test_encoders.ENCODERS[name], device="cuda", tol=1e-4,
+                                options={"samhq.triton_op": triton_op})

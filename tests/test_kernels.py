@@ -441,6 +441,22 @@ def test_gpu_split_head_dims(b, grid, d, dv, mode, matmul_precision, split_head_
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, dv, dtype, seed=d + dv + grid), tol)
 
 
+# the small non-square grids and head dims of tests/test_encoders.py and test_patterns.py (which run the kernels
+# inside compiled encoders from test_gpu.py), here alone: a failure there is then the kernels' or the compile's
+ENCODER_GRIDS = [(4, 6, 5, 16), (8, 6, 5, 8), (4, 3, 5, 8), (4, 10, 9, 16), (16, 7, 7, 16)]  # (b, hk, wk, d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fp32-highest", "bf16"])
+@pytest.mark.parametrize("b,hk,wk,d", ENCODER_GRIDS)
+def test_gpu_small_encoder_grids(b, hk, wk, d, mode, matmul_precision):
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=b + hk + wk + d)
+    run_and_check(q, k, v, rel_h, rel_w, dout, tol)
+    run_and_check(q, k, v, *grid_terms(rel_h, rel_w, hk, wk), dout, tol)
+
+
 @pytest.mark.gpu
 def test_gpu_odd_shapes(matmul_precision):
     matmul_precision("high")
