@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
-# recorded figure (tests, decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train,
-# vit-l-train, ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
-# train-both-b4 and d80 again at 050645a, 2026-12-03) or measures one still open (vit-h-train2, ro-train-tf32-b4,
-# vit-l-train-ro, vit-h-train-ro, d80-ncu, static-ab; train-both-tf32, whose two Inductor classes ran against samhq in two
-# processes).
+# recorded figure (decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train, vit-l-train,
+# ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
+# train-both-b4 and d80 again at 050645a; tests, ro-train-tf32-b4, vit-h-train2, d80-ncu and static-ab at 22b570f,
+# 2026-12-03) or measures one still open (tests again: the MViTv2 encoder test failed at 22b570f; vit-l-train-ro,
+# vit-h-train-ro; train-both-tf32, whose two Inductor classes ran against samhq in two processes).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
