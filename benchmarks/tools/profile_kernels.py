@@ -69,7 +69,7 @@ def main():
         return
 
     import torch
-    from bench_attention_core import D, HEADS, K, MODES, make, ours_fns  # noqa: E402
+    from bench_attention_core import D, HEADS, K, MODES, make, ours_fns
 
     heads, d = args.heads or HEADS, args.head_dim or D
     dtype, prec = MODES[args.mode]
