@@ -108,6 +108,11 @@ def same_size(a: Any, b: Any) -> bool:
     return bool(statically_known_true(a == b))
 
 
+def same_shape(a: tuple | None, b: tuple | None) -> bool:
+    """Shapes provably equal, dim by dim (same_size: symbolic sizes compared without a guard)."""
+    return a is not None and b is not None and len(a) == len(b) and all(map(same_size, a, b))
+
+
 def numel(shp: tuple) -> Any:
     return math.prod(shp) if shp else 1
 

@@ -40,8 +40,8 @@ import torch
 from torch.fx import Graph, Node
 
 from .fx_utils import (
-    arg, as_number, einsum_as_matmul, is_last_two_swapped, is_static, is_whole_index, numel, op_name, same_size,
-    shape, single_user, value,
+    arg, as_number, einsum_as_matmul, is_last_two_swapped, is_static, is_whole_index, numel, op_name, same_shape,
+    same_size, shape, single_user, value,
 )
 
 
@@ -263,7 +263,7 @@ def _check_qkv(q: Node, k: Node, v: Node, n_q: int, n_k: int, batch_shape: tuple
     if not (len(qs) == len(ks) == len(vs) == len(batch_shape) + 2):
         raise NoMatch(f"q {qs}, k {ks}, v {vs} do not share the scores' batch dims {batch_shape}")
     for s in (qs, ks, vs):
-        if not all(same_size(a, b) for a, b in zip(s[:-2], batch_shape)):
+        if not same_shape(s[:-2], batch_shape):
             raise NoMatch(f"q {qs}, k {ks}, v {vs}: batch dims broadcast against {batch_shape}")
     if not all(is_static(s) for s in (qs[-1], ks[-1], vs[-1])):
         raise NoMatch("dynamic head_dim")
@@ -289,7 +289,7 @@ def _probs_to_pv(softmax: Node, nodes: set[Node]) -> tuple[Node, Node]:
         if user is None:
             raise NoMatch(f"attention probabilities ({node.name}) are used elsewhere, e.g. output_attentions=True")
         name = op_name(user)
-        if name in ("cast", "identity") and _same_shape(shape(user), shape(node)):
+        if name in ("cast", "identity") and same_shape(shape(user), shape(node)):
             pass
         elif name == "dropout":
             p, training = arg(user, 1, "p", 0.5), arg(user, 2, "training", True)
@@ -307,18 +307,13 @@ def _probs_to_pv(softmax: Node, nodes: set[Node]) -> tuple[Node, Node]:
         node = user
 
 
-def _same_shape(a, b) -> bool:
-    """Shapes provably equal, dim by dim (symbolic sizes compared without a guard)."""
-    return a is not None and b is not None and len(a) == len(b) and all(map(same_size, a, b))
-
-
 def _peel_upcast(x: Node, nodes: set[Node]) -> Node:
     """scores.float() (or .to(torch.float32)) right before the softmax -> scores: the fused op computes the
     softmax in fp32 from fp32 scores, as precise as the upcast or more. Only casts to fp32 from a 16- or 32-bit
     float, same shape and device; anything else stays in the tree (and is a leaf there)."""
     while isinstance(x, Node) and op_name(x) == "cast":
         src, out = value(x.args[0] if x.args else None), value(x)
-        if src is None or out is None or out.dtype != torch.float32 or not _same_shape(src.shape, out.shape):
+        if src is None or out is None or out.dtype != torch.float32 or not same_shape(src.shape, out.shape):
             break
         if src.dtype not in (torch.float16, torch.bfloat16, torch.float32) or src.device != out.device:
             break
@@ -346,7 +341,7 @@ def _written_scores(x: Node, softmax: Node) -> Node:
     if len(writes) > 1:
         raise NoMatch(f"the scores {x.name} are written {len(writes)} times before the softmax")
     write, index, val = writes[0], writes[0].args[1], writes[0].args[2]
-    if not is_whole_index(index) or value(val) is None or not _same_shape(shape(val), shape(x)) \
+    if not is_whole_index(index) or value(val) is None or not same_shape(shape(val), shape(x)) \
             or value(val).dtype != value(x).dtype:
         raise NoMatch(f"{write.name} writes part of the scores {x.name} (index {index})")
     n = write
