@@ -2,9 +2,9 @@
 # The GPU runs behind the open targets of benchmarks/NOTES.md (host path, every SAM size): each part reproduces a
 # recorded figure (decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train, vit-l-train,
 # ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
-# train-both-b4 and d80 again at 050645a; tests, ro-train-tf32-b4, vit-h-train2, d80-ncu and static-ab at 22b570f,
-# 2026-12-03) or measures one still open (tests again: the MViTv2 encoder test failed at 22b570f; vit-l-train-ro,
-# vit-h-train-ro; train-both-tf32, whose two Inductor classes ran against samhq in two processes).
+# train-both-b4 and d80 again at 050645a; tests, ro-train-tf32-b4, vit-h-train2, d80-ncu and static-ab at 22b570f;
+# tests, vit-l-train-ro, vit-h-train-ro and vit-h-infer-tf32-b8 at a6236b5, 2026-12-03) or measures one still open
+# (train-both-tf32, whose two Inductor classes ran against samhq in two processes).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
@@ -37,6 +37,8 @@
 #                                                     # Inductor classes
 #   bash benchmarks/tools/gpu_pending.sh vit-h-infer  # ViT-H inference cells not timed yet: bf16 B=8, TF32 B=1
 #                                                     # against Inductor's "sdpa" and "eager" classes
+#   bash benchmarks/tools/gpu_pending.sh vit-h-infer-tf32-b8 # ViT-H inference, TF32 B=8, against both Inductor
+#                                                     # classes (~7 min)
 #   bash benchmarks/tools/gpu_pending.sh ro-train-tf32-b4 # the reduce-overhead training step in TF32 at batch 4
 #                                                     # against both Inductor classes
 #   bash benchmarks/tools/gpu_pending.sh infer-both   # default-mode ViT-B inference cells timed so far against one
@@ -136,6 +138,10 @@ vit-h-infer)
     timeout 290 python $PH --model vit-h --what infer --dtype tf32 --builds samhq,inductor-sdpa,inductor-eager \
         --iters 10 --rounds 3 --out "$OUT/vit-h-tf32-b1" > "$OUT/vit-h-tf32-b1.log" 2>&1
     grep -E "wall" "$OUT/vit-h-tf32-b1.log" ;;
+vit-h-infer-tf32-b8)
+    timeout 400 python $PH --model vit-h --what infer --dtype tf32 --batch 8 --builds samhq,inductor-sdpa,inductor-eager \
+        --iters 5 --rounds 3 --out "$OUT" > "$OUT/$part.log" 2>&1
+    grep -E "wall" "$OUT/$part.log" ;;
 ro-train-tf32-b4)
     timeout 590 python benchmarks/train_step.py --impls samhq-eager-ro,inductor-ro,inductor-eager-ro --modes \
         reduce-overhead --batch 4 --dtype tf32 --steps 10 --warmup 3 --time-budget 570 --out "$OUT" \
@@ -156,7 +162,7 @@ train-both-b1|train-both-b4|train-both-tf32)
 *)
     parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|vit-l-train-ro"
     parts="$parts|vit-h-train-ro|d80|d80-ncu|static-ab"
-    more="ro-train-b1|tf32-train-b4|vit-h-infer|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
+    more="ro-train-b1|tf32-train-b4|vit-h-infer|vit-h-infer-tf32-b8|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
     echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;
 esac
