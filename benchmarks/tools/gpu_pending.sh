@@ -3,7 +3,7 @@
 # recorded figure (decoder, tf32-train, vit-l and vit-h-train ran at c5401c0; ro-infer, ro-train, vit-l-train,
 # ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
 # train-both-b4 and d80 again at 050645a; tests, ro-train-tf32-b4, vit-h-train2, d80-ncu and static-ab at 22b570f;
-# tests, vit-l-train-ro, vit-h-train-ro and vit-h-infer-tf32-b8 at a6236b5, 2026-12-03) or measures one still open
+# tests, vit-l-train-ro, vit-h-train-ro, vit-h-infer-tf32-b8 and d80-bf16 at a6236b5, 2026-12-03) or measures one still open
 # (train-both-tf32, whose two Inductor classes ran against samhq in two processes).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
@@ -27,6 +27,8 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-l-train-ro # ViT-L / ViT-H training step at bf16 B=1 under
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train-ro # reduce-overhead, samhq and Inductor ("sdpa" class)
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
+#   bash benchmarks/tools/gpu_pending.sh d80-bf16     # bf16 forward / dQ with one grid row per key tile at ViT-H's
+#                                                     # windows, head dims 80 and 64 (sweep_kernels.py; ~1 min)
 #   bash benchmarks/tools/gpu_pending.sh d80-ncu      # ncu of ViT-H's global layer (16 heads, 64x64), bf16 and TF32:
 #                                                     # head dim 64, 80 as 64 + 16, 80 padded to 128 (~4 min)
 #   bash benchmarks/tools/gpu_pending.sh static-ab    # ViT-B inference bf16 B=1, the fused op launched by Inductor's
@@ -107,6 +109,9 @@ vit-l-train-ro|vit-h-train-ro)
 d80)
     timeout 560 python benchmarks/tools/sweep_kernels.py --d80-fp32 --out "$OUT" > "$OUT/d80.log" 2>&1
     tail -12 "$OUT/d80.log" ;;
+d80-bf16)
+    timeout 300 python benchmarks/tools/sweep_kernels.py --d80-bf16 --out "$OUT" > "$OUT/d80-bf16.log" 2>&1
+    tail -8 "$OUT/d80-bf16.log" ;;
 d80-ncu)
     PK=benchmarks/tools/profile_kernels.py
     for cell in "bf16 64 1" "bf16 80 1" "bf16 80 0" "fp32-tf32 64 1" "fp32-tf32 80 1" "fp32-tf32 80 0"; do
@@ -161,7 +166,7 @@ train-both-b1|train-both-b4|train-both-tf32)
     grep -E "wall" "$OUT/$part.log" ;;
 *)
     parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|vit-l-train-ro"
-    parts="$parts|vit-h-train-ro|d80|d80-ncu|static-ab"
+    parts="$parts|vit-h-train-ro|d80|d80-bf16|d80-ncu|static-ab"
     more="ro-train-b1|tf32-train-b4|vit-h-infer|vit-h-infer-tf32-b8|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
     echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;

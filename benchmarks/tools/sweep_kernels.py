@@ -10,6 +10,7 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/tools/sweep_kernels.py --tables OLD_configs.py     # another revision's config table vs this one
     python benchmarks/tools/sweep_kernels.py --fp32-occupancy  # fp32 dK/dV / dQ configs with more warps per SM
     python benchmarks/tools/sweep_kernels.py --d80-fp32  # TF32 dK/dV / dQ configs at ViT-H's head dim 80
+    python benchmarks/tools/sweep_kernels.py --d80-bf16  # bf16 forward / dQ key tiles at ViT-H's windows, D=80 and 64
     python benchmarks/tools/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/tools/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
     python benchmarks/tools/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
@@ -257,6 +258,20 @@ D80_CANDS = {
            dict(num_stages=2)],
 }
 
+# --d80-bf16: bf16 at ViT-H's windows (16 heads x 25 windows of 14x14, head dim 80 as 64 + 16), 1.31x ViT-L's (D=64)
+# layer against a 1.3x target, the forward the furthest off (49 against 35 us). One key-grid row per tile (BLOCK_N 16,
+# R = 1: rel_h one value per query, no selects) cuts registers: offline, sm_90a with Triton 3.6 (the GPU's; its
+# register counts matched ncu's, 185 for TF32 dK/dV at D=80), forward 128 -> 93 registers, 4 -> 5 CTAs per SM
+# (D=64's shipped occupancy), dQ 141 -> 128, 3 -> 4 CTAs, each at twice the key tiles. Predicted: forward 49 -> 42-45
+# us; dQ within +-5%; at D=64 the forward at 16 (95 -> 80 registers, 5 -> 6 CTAs) within +-5%.
+# Measured (H200, 2026-12-03, results/sweep_d80_bf16_windows_h200.json): D=80 forward 48.9 -> 47.8 us at 16, 47.6 at
+# 16 / 3 stages (-2.7%: the fifth CTA bought a third of what was predicted); dQ at 16 lost (backward 154.4 -> 155.7,
+# 156.9 at 3 stages); D=64's forward at 16 lost (35.3 -> 38.6).
+D80_BF16_SHAPES = [(14, 25)]
+D80_BF16_CANDS = {"fwd": [dict(BLOCK_N=16), dict(BLOCK_N=16, num_stages=3)],
+                  "dq": [dict(BLOCK_N=16), dict(BLOCK_N=16, num_stages=3)]}
+D64_BF16_CANDS = {"fwd": [dict(BLOCK_N=16)]}
+
 # --maxnreg: a register cap (ptxas -maxrregcount) that fits one more CTA per SM, bf16. Offline (sm_90a, Triton 3.6,
 # SAM-B global): dK/dV (32-query steps) 138 registers, 3 CTAs -> capped at 128: no spill, 4 CTAs; dK/dV with
 # 64-query steps at 2 stages capped at 168: no spill, 3 CTAs (against 192 and 2 uncapped); dQ 228 registers, 2
@@ -383,6 +398,7 @@ def main():
     ap.add_argument("--fp32-occupancy", action="store_true", help="fp32 dK/dV and dQ configs with more warps per SM")
     ap.add_argument("--fp32-small-steps", action="store_true", help="fp32 dK/dV with 16-query steps, 'high' and 'highest'")
     ap.add_argument("--d80-fp32", action="store_true", help="TF32 dK/dV and dQ configs at ViT-H's head dim 80")
+    ap.add_argument("--d80-bf16", action="store_true", help="bf16 forward / dQ key tiles at ViT-H's windows, D=80 and 64")
     ap.add_argument("--maxnreg", action="store_true", help="bf16 kernels with a register cap (one more CTA per SM)")
     ap.add_argument("--dkdv128", action="store_true", help="bf16 dK/dV with 128-key tiles and 8 warps, capped or not")
     ap.add_argument("--kmajor", action="store_true")
@@ -408,6 +424,9 @@ def main():
                                                        for mode, cands in SMALL_STEP_CANDS.items()]),
                       (args.d80_fp32, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", D80_SHAPES, D80_CANDS,
                                                                         "sweep_d80_fp32", heads=16, d=80))),
+                      (args.d80_bf16, lambda: [print_narrow(sweep_narrow(results, "bf16", D80_BF16_SHAPES, cands,
+                                                                         f"sweep_d{d}_bf16_windows", heads=16, d=d))
+                                               for d, cands in ((80, D80_BF16_CANDS), (64, D64_BF16_CANDS))]),
                       (args.tables, lambda: sweep_tables(results, args.tables)),
                       (args.maxnreg, lambda: print_narrow(sweep_narrow(results, "bf16", MAXNREG_SHAPES, MAXNREG_CANDS,
                                                                        "sweep_maxnreg"))),
