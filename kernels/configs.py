@@ -183,6 +183,10 @@ TABLE = [
     ("fwd", dict(fp32=False, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=3),
      "bf16 D=80 global: 3 CTAs per SM (166 registers, 70 KB) as D=64 has at 4 stages; "
      "4 stages: 2 (90 KB) (6a846b9, 2026-12-01)"),
+    ("fwd", dict(fp32=False, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW), dict(BLOCK_N=16, num_stages=3),
+     "bf16 D=80 ViT-H windows (400 x 14x14) fwd us, one grid row per key tile: 48.9 -> 47.6 (47.8 at 4 stages; "
+     "Triton 3.6 offline 128 -> 93 registers, 4 -> 5 CTAs per SM); D=64's forward at 16 35.3 -> 38.6, a loss "
+     "(70b08da, 2026-12-03)"),
     ("fwd", dict(fp32=True, min_d=D_64 + 1), dict(num_stages=2),
      "fp32 D=80 global: 2 CTAs per SM (249 registers, 100 KB) as D=64 has at 3 stages; "
      "3 stages: 1 (140 KB) (6a846b9, 2026-12-01)"),
