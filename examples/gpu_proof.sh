@@ -7,6 +7,8 @@
 #   bash examples/gpu_proof.sh                      # all three recipes, 30 steps, batch 4
 #   STEPS=40 BATCH=2 bash examples/gpu_proof.sh decoder full
 #   MODEL=vit-h BATCH=2 bash examples/gpu_proof.sh full lora   # SAM-HQ's ViT-H encoder
+#   BACKENDS=samhq MODEL=vit-h BATCH=2 bash examples/gpu_proof.sh full   # one backend (a ViT-H run compiles for
+#                                                   # minutes: one backend per 10-minute device command)
 #   WHEELS=wheels bash examples/gpu_proof.sh        # first pip-install peft (lora) etc. from a wheel folder, offline
 #   MODEL=tiny EXTRA=--samhq-aot-eager STEPS=3 bash examples/gpu_proof.sh decoder   # dry run on a CPU
 #
@@ -20,6 +22,7 @@ WORK=${WORK:-/tmp/samhq_gpu_proof}
 MODEL=${MODEL:-vit-b}  # vit-l, vit-h, or tiny (64x64), to try the script without a GPU
 EXTRA=${EXTRA:-}       # more finetune_samhq.py flags
 MODES=${*:-decoder lora full}
+BACKENDS=${BACKENDS:-samhq inductor}
 mkdir -p "$WORK"
 
 if [ -n "${WHEELS:-}" ]; then
@@ -40,7 +43,7 @@ for mode in $MODES; do
         echo "lora: skipped, peft is not installed (wheels: peft, accelerate, psutil)"
         continue
     fi
-    for backend in samhq inductor; do
+    for backend in $BACKENDS; do
         run="$WORK/$mode-$backend"
         echo "== $mode, backend $backend: $run.log"
         rm -rf "$run"
