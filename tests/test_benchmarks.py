@@ -514,6 +514,12 @@ def test_sweep_d80_times_vit_h_shapes(monkeypatch):
     rows = S.sweep_narrow({}, "fp32-tf32", S.D80_SHAPES, S.D80_CANDS, "sweep_d80_fp32", heads=16, d=80)
     assert S.made == [(16, 64, 80), (400, 14, 80)]
     assert len(rows) == 2 * (1 + sum(map(len, S.D80_CANDS.values())))
+    # and the K-major copies off / on at the same shapes, with the switch restored
+    results = {}
+    rows = S.sweep_switch(results, "KMAJOR_FP32", "fp32-tf32", S.D80_SHAPES, heads=16, d=80, key=S.D80_KMAJOR_KEY)
+    assert S.made[2:] == [(16, 64, 80), (400, 14, 80)] and results[S.D80_KMAJOR_KEY] == rows
+    assert [r["grid"] for r in rows] == [64, 14] and all(set(r) >= {"bwd_ms_off", "bwd_ms_on"} for r in rows)
+    assert S.K.KMAJOR_FP32 is True
 
 
 def test_sweep_narrow_runs_each_candidate_under_its_config(monkeypatch):

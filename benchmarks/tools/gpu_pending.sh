@@ -4,8 +4,9 @@
 # ro-train-b1, tf32-train-b4, vit-h-infer and d80 on its code, 2026-12-03; infer-both, train-both-b1,
 # train-both-b4 and d80 again at 050645a; tests, ro-train-tf32-b4, vit-h-train2, d80-ncu and static-ab at 22b570f;
 # tests, vit-l-train-ro and vit-h-train-ro (one Inductor class), vit-h-infer-tf32-b8 and d80-bf16 at a6236b5,
-# 2026-12-03) or measures one still open (vit-l-train-ro and vit-h-train-ro with both Inductor classes;
-# train-both-tf32, whose two Inductor classes ran against samhq in two processes).
+# 2026-12-03) or measures one still open (vit-l-train-ro and vit-h-train-ro with both Inductor classes; d80's
+# 64-query dQ on 8 warps and its K-major copies off; train-both-tf32, whose two Inductor classes ran against samhq
+# in two processes).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
@@ -29,7 +30,8 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train-ro # reduce-overhead, samhq and both Inductor classes (ViT-H's
 #                                                     # three builds ~8-9 min; at a6236b5 they ran without the
 #                                                     # "eager" class, Inductor's faster one under CUDA graphs at ViT-B)
-#   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80 (sweep_kernels.py)
+#   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80, and the K-major copies
+#                                                     # off (sweep_kernels.py)
 #   bash benchmarks/tools/gpu_pending.sh d80-bf16     # bf16 forward / dQ with one grid row per key tile at ViT-H's
 #                                                     # windows, head dims 80 and 64 (sweep_kernels.py; ~1 min)
 #   bash benchmarks/tools/gpu_pending.sh d80-ncu      # ncu of ViT-H's global layer (16 heads, 64x64), bf16 and TF32:
