@@ -15,8 +15,11 @@ shape and kernel where shared memory is over the 227 KB a CTA may have (such a c
 tl kernels are typed for the SAM-B global layer (64x64 grid, head dim 64) unless the JSON overrides a constexpr
 (HK, WK, WK_PAD, D / DV with their chunks D_A, D_B, DV_A, DV_B as tiles.split gives them, R / R_KV / R_Q, BLOCK_M
 / BLOCK_M_KV / BLOCK_M_Q, RH_SELECT*, BIAS_T, KMAJOR, PREC; fp32 means TF32 dots, "PREC": "tf32x3" for "highest").
-Registers and shared memory have matched ncu on the H200 every time they were compared (2026-11-30 and 2026-12-01). What
-this cannot show is time: it reads the schedule, not the clock.
+Registers and shared memory have matched ncu on the H200 every time they were compared (2026-11-30 and 2026-12-01) with
+the GPU's Triton; another Triton version allocates registers its own way (3.9: 164 against ncu's 185 for TF32 dK/dV
+at head dim 80, where 3.6 gives 185). The tool needs no torch: `python -m venv V && V/bin/pip install triton==3.6.0`
+and run it with V/bin/python to read the GPU's figures. What this cannot show is time: it reads the schedule, not
+the clock.
 """
 
 from __future__ import annotations
