@@ -366,6 +366,39 @@ def test_fused_backward_rows_agree_on_warps_and_stages(fp32, prec):
     assert fused  # the table does fuse somewhere
 
 
+# SAM's shape classes as the GPU table configures them: (batch, grid hk x wk run here, head dim, mode, rows the
+# GPU launch has = batch * heads * queries). 14x14: the windows of ViT-B/L (12 / 16 heads, D=64) and ViT-H (16
+# heads, D=80), 25 windows at batch 1; 64 wide: the global blocks' class, here on 2 of the 64 grid rows (the
+# interpreter's cost grows with N^2)
+SAM_CLASSES = [
+    (2, 14, 14, 64, "bf16", 25 * 12 * 196),
+    (2, 14, 14, 64, "fp32-high", 25 * 12 * 196),
+    (2, 14, 14, 80, "bf16", 25 * 16 * 196),
+    (2, 14, 14, 80, "fp32-high", 25 * 16 * 196),
+    (1, 14, 14, 80, "fp32-highest", 25 * 16 * 196),
+    (1, 2, 64, 64, "bf16", 16 * 4096),
+    (1, 2, 64, 80, "bf16", 16 * 4096),
+    (1, 2, 64, 80, "fp32-high", 16 * 4096),
+]
+
+
+@pytest.mark.parametrize("b,hk,wk,d,mode,rows", SAM_CLASSES)
+def test_gpu_rows_at_sam_shapes(b, hk, wk, d, mode, rows, monkeypatch, matmul_precision):
+    # the blocks, key tiles and switches (BLOCK_N=16 at D=80, RH_SELECT, BIAS_T, FUSED, ...) that the GPU's rows
+    # choose at SAM's shapes are right too, not only the interpreter's small blocks: each kernel's GPU config,
+    # forced through OVERRIDES
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    facts = dict(fp32=dtype == torch.float32, prec=K._dot_precision(dtype), wide=False, wk=wk, rows=rows,
+                 interpret=False, d=d)
+    gpu = {kern: K.configs.config(kern, **facts) for kern in ("fwd", "dkdv", "dq", "bwd")}
+    monkeypatch.setattr(K.configs, "OVERRIDES", gpu)
+    for kern, cfg in gpu.items():  # what runs: the GPU config, and interpreter-row keys only at the kernels' default
+        ran = K.configs.config(kern, **{**facts, "interpret": True})
+        assert {key: val for key, val in ran.items() if key not in cfg and val} == {}, (kern, ran, cfg)
+    run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=wk + d), tol)
+
+
 def test_unsupported_reason():
     q, k, v, rh, rw, _ = make_inputs(1, 12, 3, 4, 16, 16, torch.float32)
     assert K.unsupported_reason(q, k, v, rh, rw) is None
