@@ -42,12 +42,19 @@ samhq's own options (keys of `options`, or environment variables):
                                             Triton's Python launcher (SAMHQ_FX_STATIC_LAUNCH=0 turns it off). It
                                             reaches compile workers started after the first samhq compile only
                                             (launch_user_kernels_statically)
+    samhq.memory_budget float, default None  keep at most this fraction (0 < f <= 1) of the activations the
+                                            default partition saves for the backward, and recompute the cheapest
+                                            rest there: AOTAutograd's activation_memory_budget
+                                            (torch._functorch.config) for this compile only, no change to the
+                                            model. None leaves PyTorch's setting (1.0 unless set)
+                                            (SAMHQ_FX_MEMORY_BUDGET)
 All other keys are Inductor config options, passed through unchanged; one that contradicts the mode's own
 setting (e.g. "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -58,7 +65,7 @@ from .rewrite import RelPosAttentionPass
 
 SAMHQ_OPTIONS = {"samhq.mode": None, "samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 1,
                  "samhq.triton_op": "auto", "samhq.host_indices": True, "samhq.inductor": True,
-                 "samhq.static_launch": True}
+                 "samhq.static_launch": True, "samhq.memory_budget": None}
 _TRITON_OP_ENV = {"0": False, "1": True, "auto": "auto"}
 
 
@@ -86,6 +93,12 @@ def _env_defaults() -> dict[str, Any]:
             env[key] = switch
     if os.environ.get("SAMHQ_FX_MIN_SEQ_LEN"):
         env["samhq.min_seq_len"] = int(os.environ["SAMHQ_FX_MIN_SEQ_LEN"])
+    budget = os.environ.get("SAMHQ_FX_MEMORY_BUDGET", "")
+    if budget:
+        try:
+            env["samhq.memory_budget"] = float(budget)
+        except ValueError:
+            raise ValueError(f"samhq backend: SAMHQ_FX_MEMORY_BUDGET must be a number in (0, 1], got {budget!r}")
     return env
 
 
@@ -103,6 +116,11 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     if ours["samhq.triton_op"] not in (True, False, "auto"):
         raise ValueError(f"samhq backend: options['samhq.triton_op'] must be True, False or 'auto', "
                          f"got {ours['samhq.triton_op']!r}")
+    budget = ours["samhq.memory_budget"]
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not 0 < budget <= 1):
+        raise ValueError(f"samhq backend: options['samhq.memory_budget'] must be None or a number in (0, 1], "
+                         f"got {budget!r}")
     return ours, inductor
 
 
@@ -206,8 +224,18 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
         if ours["samhq.static_launch"] and triton_op:  # the opaque op launches its kernels itself
             launch_user_kernels_statically(patches)
-    if not ours["samhq.inductor"]:
-        from torch._dynamo.backends.debugging import aot_eager
+    with memory_budget(ours["samhq.memory_budget"]):  # AOTAutograd partitions while the backend compiles
+        if not ours["samhq.inductor"]:
+            from torch._dynamo.backends.debugging import aot_eager
 
-        return aot_eager(gm, example_inputs)
-    return compile_fx(gm, example_inputs, config_patches=patches)
+            return aot_eager(gm, example_inputs)
+        return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def memory_budget(budget: float | None):
+    """The partitioner's activation memory budget for one compile (option samhq.memory_budget); None: as set."""
+    import torch._functorch.config as functorch_config
+
+    if budget is None:
+        return contextlib.nullcontext()
+    return functorch_config.patch(activation_memory_budget=float(budget))

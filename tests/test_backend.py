@@ -481,3 +481,56 @@ def test_user_kernels_launch_statically_unless_the_user_says_otherwise():
         launch_user_kernels_statically(patches)
         assert patches == {"static_launch_user_defined_triton_kernels": True}
         assert os.environ[env] == "1"  # Inductor's compile workers read it from their environment
+
+
+def _saved_bytes(fn, x):
+    """(output, bytes of the distinct storages autograd saves for the backward during fn(x))."""
+    storages = {}
+
+    def pack(t):
+        if not isinstance(t, torch._subclasses.FakeTensor):  # fake ones: the compile's own tracing
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(x)
+    return out, sum(storages.values())
+
+
+@pytest.mark.parametrize("options", [FAST, {}])
+def test_memory_budget_recomputes_instead_of_saving(options):
+    # samhq.memory_budget: AOTAutograd's partitioner keeps a fraction of what it saves by default and recomputes
+    # the rest in the backward, for this compile only; every block still fused, gradients unchanged
+    import torch._functorch.config as functorch_config
+
+    model = _vision_model("sam_hq", "eager", image_size=64, patch_size=8, num_hidden_layers=2, mlp_dim=128)
+    x = torch.randn(2, 3, 64, 64)
+    ref, ref_grads = _loss_and_grads(model, model, x)
+    saved = {}
+    for budget in (None, 0.2):
+        fresh_compile_state()
+        compiled = torch.compile(model, backend="samhq", options={**options, "samhq.memory_budget": budget})
+        model.zero_grad()
+        out, saved[budget] = _saved_bytes(compiled, x)
+        out.last_hidden_state.pow(2).mean().backward()
+        assert counters["samhq"]["fused"] == 2, budget
+        assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5, budget
+        for name, p in model.named_parameters():
+            if name in ref_grads:
+                assert rel_err(p.grad, ref_grads[name]) < 1e-4, (budget, name)
+    assert 0 < saved[0.2] < 0.6 * saved[None], saved
+    assert functorch_config.activation_memory_budget == 1.0  # set for the compile only
+
+
+def test_memory_budget_errors_name_the_option(monkeypatch):
+    from samhq_fx.backend import split_options
+
+    for bad in (0, 1.5, -0.1, "half", True):
+        with pytest.raises(ValueError, match=r"options\['samhq.memory_budget'\] must be None or a number in \(0, 1\]"):
+            split_options({"samhq.memory_budget": bad})
+    monkeypatch.setenv("SAMHQ_FX_MEMORY_BUDGET", "0.5")
+    assert split_options(None)[0]["samhq.memory_budget"] == 0.5
+    assert split_options({"samhq.memory_budget": None})[0]["samhq.memory_budget"] is None  # an option beats the env
+    monkeypatch.setenv("SAMHQ_FX_MEMORY_BUDGET", "low")
+    with pytest.raises(ValueError, match="SAMHQ_FX_MEMORY_BUDGET must be a number in"):
+        split_options(None)
