@@ -3,7 +3,7 @@
 An implementation = the HF attention class the model is built with ("sdpa": SDPA with the dense rel-pos bias
 as attn_mask, HF's default; "eager": explicit softmax) x the compiler (none, Inductor, samhq) x the mode
 (default or "reduce-overhead", i.e. CUDA graphs) x compiled autograd (the backward traced into its own graph
-and compiled by the same backend; needs the backward inside the compiled function).
+and compiled by the same backend; needs the backward inside the compiled function) x the compile's options.
 
 COMPARED is what both benchmarks' default sets hold besides the eager baselines: samhq and Inductor, each on both
 attention classes, each in default mode and reduce-overhead, so a run's per-mode summary holds samhq to Inductor's
@@ -26,6 +26,7 @@ class Impl:
     backend: str | None             # torch.compile backend; None = not compiled
     mode: str | None = None         # torch.compile mode; None = default
     compiled_autograd: bool = False  # torch._dynamo.config.compiled_autograd
+    options: tuple = ()             # (key, value) pairs for torch.compile's options= (samhq's own, e.g.)
 
     @property
     def mode_name(self) -> str:
@@ -50,6 +51,8 @@ IMPLS = {
     "samhq-sdpa": Impl("sdpa", "samhq"),
     "samhq-eager-ro": Impl("eager", "samhq", RO),
     "samhq-sdpa-ro": Impl("sdpa", "samhq", RO),
+    # the partitioner keeps a fifth of the activations it saves by default and recomputes the rest (README, Options)
+    "samhq-eager-mem": Impl("eager", "samhq", options=(("samhq.memory_budget", 0.2),)),
     "samhq-eager-ca": Impl("eager", "samhq", None, True),
     "samhq-eager-ca-ro": Impl("eager", "samhq", RO, True),
     "inductor-eager-ca-ro": Impl("eager", "inductor", RO, True),
@@ -78,7 +81,7 @@ def filter_modes(names: tuple[str, ...], spec: str | None, known: dict = IMPLS) 
 def compile_kwargs(impl: Impl, options: dict | None = None) -> dict:
     """torch.compile keyword arguments for `impl` (dynamic=False: every cell has one static shape)."""
     kw: dict = {"backend": impl.backend, "dynamic": False}
-    options = dict(options or {})
+    options = {**dict(impl.options), **(options or {})}
     if impl.mode and options and impl.backend == "samhq":
         options["samhq.mode"] = impl.mode  # the one spelling that combines a mode with options
     elif impl.mode:

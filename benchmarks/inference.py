@@ -71,7 +71,7 @@ import common  # noqa: E402
 import impls  # noqa: E402
 import plot  # noqa: E402
 
-IMPLS = {n: i for n, i in impls.IMPLS.items() if not i.compiled_autograd}  # no backward here
+IMPLS = {n: i for n, i in impls.IMPLS.items() if not i.compiled_autograd and not i.options}  # no backward here
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
 DTYPES = ("tf32", "bf16")
 TARGETS = ("encoder", "model")

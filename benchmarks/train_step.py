@@ -103,7 +103,7 @@ import impls  # noqa: E402
 import plot  # noqa: E402
 
 IMPLS = impls.IMPLS
-DEFAULT_IMPLS = tuple(n for n, i in IMPLS.items() if not i.compiled_autograd)
+DEFAULT_IMPLS = tuple(n for n, i in IMPLS.items() if not i.compiled_autograd and not i.options)  # the rest on request
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
 OPTIMIZERS = ("adamw-fused", "adamw-compiled", "none")
 LR = 1e-6

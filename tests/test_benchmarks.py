@@ -142,6 +142,11 @@ def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
     r = impls.recipe(impls.IMPLS["samhq-eager-ca-ro"], "forward_backward")
     assert "backend='samhq'" in r and "reduce-overhead" in r and "compiled_autograd=True" in r
     assert impls.recipe(impls.IMPLS["eager-sdpa"], "model").endswith("not compiled")
+    # an impl's own options, merged with the caller's
+    mem = impls.IMPLS["samhq-eager-mem"]
+    assert impls.compile_kwargs(mem, {"samhq.dump_dir": "d"})["options"] == {"samhq.memory_budget": 0.2,
+                                                                            "samhq.dump_dir": "d"}
+    assert "options={'samhq.memory_budget': 0.2}" in impls.recipe(mem, "model")
     with pytest.raises(SystemExit, match="unknown impls"):
         impls.parse("samhq,bogus", ())
 

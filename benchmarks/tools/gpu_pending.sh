@@ -6,7 +6,7 @@
 # tests, vit-l-train-ro and vit-h-train-ro (one Inductor class), vit-h-infer-tf32-b8 and d80-bf16 at a6236b5,
 # 2026-12-03) or measures one still open (vit-l-train-ro and vit-h-train-ro with both Inductor classes; d80's
 # 64-query dQ on 8 warps and its K-major copies off; train-both-tf32, whose two Inductor classes ran against samhq
-# in two processes).
+# in two processes; vit-l-train-mem and vit-h-train-mem, samhq.memory_budget, never run).
 # Each part fits one 10-minute device command on one H200 (compiles take 30-280 s each there; ViT-H training
 # 170-280 s a build); several parts in one command run one after the other:
 #   bash benchmarks/tools/gpu_pending.sh tests        # every GPU test (~200 s with -n 12)
@@ -30,6 +30,9 @@
 #   bash benchmarks/tools/gpu_pending.sh vit-h-train-ro # reduce-overhead, samhq and both Inductor classes (ViT-H's
 #                                                     # three builds ~8-9 min; at a6236b5 they ran without the
 #                                                     # "eager" class, Inductor's faster one under CUDA graphs at ViT-B)
+#   bash benchmarks/tools/gpu_pending.sh vit-l-train-mem # ViT-L / ViT-H training step at bf16 B=1 with
+#   bash benchmarks/tools/gpu_pending.sh vit-h-train-mem # samhq.memory_budget 0.2 (samhq-eager-mem) against Inductor,
+#                                                     # one process: the peak-memory target's other route
 #   bash benchmarks/tools/gpu_pending.sh d80          # TF32 dK/dV and dQ configs at head dim 80, and the K-major copies
 #                                                     # off (sweep_kernels.py)
 #   bash benchmarks/tools/gpu_pending.sh d80-bf16     # bf16 forward / dQ with one grid row per key tile at ViT-H's
@@ -110,6 +113,11 @@ vit-l-train-ro|vit-h-train-ro)
     timeout 590 python benchmarks/train_step.py --model "${part%-train-ro}" \
         --impls samhq-eager-ro,inductor-ro,inductor-eager-ro \
         --modes reduce-overhead --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" \
+        > "$OUT/$part.log" 2>&1
+    tail -4 "$OUT/$part.log" ;;
+vit-l-train-mem|vit-h-train-mem)
+    timeout 590 python benchmarks/train_step.py --model "${part%-train-mem}" --impls samhq-eager-mem,inductor \
+        --modes default --batch 1 --dtype bf16 --steps 5 --warmup 2 --time-budget 570 --out "$OUT" \
         > "$OUT/$part.log" 2>&1
     tail -4 "$OUT/$part.log" ;;
 d80)
