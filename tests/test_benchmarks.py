@@ -646,3 +646,17 @@ def test_profile_kernels_summarizes_an_ncu_export(tmp_path):
     got = profile_kernels.summarize(str(tmp_path / "p.csv"))
     assert got == [{"kernel": "_fwd_kernel", "us": pytest.approx(251.3), "smem KB": pytest.approx(80.0)},
                    {"kernel": "_bwd_kernel", "us": pytest.approx(1200.0), "occ %": pytest.approx(12.3)}]
+
+
+def test_saved_activations_tool_splits_parameters_from_the_rest(tmp_path):
+    # the memory-budget measurement: a smaller budget saves fewer non-parameter bytes, every block stays fused
+    import json
+
+    import saved_activations
+
+    rows = saved_activations.main(["--model", "tiny", "--batch", "2", "--budgets", "none,0.1",
+                                   "--out", str(tmp_path / "saved.json")])
+    assert [r["budget"] for r in rows] == [None, 0.1]
+    assert all(r["fused"] == 2 for r in rows)
+    assert 0 < rows[1]["saved_rest_mib"] < rows[0]["saved_rest_mib"]
+    assert json.loads((tmp_path / "saved.json").read_text())["rows"] == rows

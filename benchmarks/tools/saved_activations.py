@@ -1,0 +1,86 @@
+"""What a samhq-compiled SAM-HQ encoder saves for its backward, by `samhq.memory_budget` (CPU or GPU).
+
+    python benchmarks/tools/saved_activations.py --model vit-h --dtype bf16 --budgets none,0.2,0.1
+
+One forward per budget, in a fresh compile, under `torch.autograd.graph.saved_tensors_hooks`: the bytes of the
+distinct storages autograd keeps for the backward, split into the model's parameters (resident anyway: saving one
+costs no memory) and the rest (activations and casts, which the backward's peak holds). It counts what the
+partitioner chose, not a peak: on the GPU the step's peak adds the fixed state and the backward's temporaries.
+`--inductor` compiles the rest with Inductor (minutes on a CPU); by default aot_eager, which runs the same
+partitioner (min-cut, with the budget), though Inductor's recomputes more pointwise ops on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import env_info  # noqa: E402
+
+
+def saved_bytes(fn, x, params: set[int], autocast_dtype=None) -> tuple[int, int]:
+    """(parameter bytes, other bytes) of the storages autograd saves during fn(x)."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if not isinstance(t, torch._subclasses.FakeTensor):  # fake ones: the compile's own tracing
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    autocast = torch.autocast(x.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(x)
+    del out
+    weights = sum(n for ptr, n in storages.items() if ptr in params)
+    return weights, sum(storages.values()) - weights
+
+
+def main(argv=None) -> list[dict]:
+    from transformers import SamHQVisionModel
+
+    from samhq_fx import models
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="vit-b", choices=(*models.VIT_SIZES, "tiny"))
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="bf16: under autocast")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--budgets", default="none,0.5,0.2", help="comma list of samhq.memory_budget values, or none")
+    ap.add_argument("--inductor", action="store_true", help="compile with Inductor instead of aot_eager")
+    ap.add_argument("--out", default=None, help="write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    budgets = [None if b.strip() == "none" else float(b) for b in args.budgets.split(",") if b.strip()]
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = models.tiny_vision_config() if args.model == "tiny" else models.vision_config(args.model)
+    model = models.random_init_(SamHQVisionModel(cfg)).to(device)
+    size = cfg.image_size
+    x = torch.randn(args.batch, 3, size, size, device=device)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    rows = []
+    for budget in budgets:
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        options = {"samhq.memory_budget": budget, "samhq.inductor": args.inductor}
+        start = time.perf_counter()
+        weights, rest = saved_bytes(torch.compile(model, backend="samhq", options=options), x, params,
+                                    torch.bfloat16 if args.dtype == "bf16" else None)
+        rows.append(dict(model=args.model, dtype=args.dtype, batch=args.batch, device=device, budget=budget,
+                         inductor=args.inductor, saved_params_mib=round(weights / 2**20, 3),
+                         saved_rest_mib=round(rest / 2**20, 3), fused=torch._dynamo.utils.counters["samhq"]["fused"],
+                         seconds=round(time.perf_counter() - start, 1)))
+        print(f"{args.model} {args.dtype} b{args.batch} budget {budget}: saved {rest / 2**20:.2f} MiB "
+              f"+ parameters {weights / 2**20:.2f} MiB; {rows[-1]['fused']} fused", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(env=env_info(), rows=rows), f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
