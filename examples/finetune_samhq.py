@@ -80,6 +80,8 @@ def parse_args(argv):
     p.add_argument("--backend", default="samhq", help="torch.compile backend for the encoder (samhq, inductor, none)")
     p.add_argument("--mode", default=None, help="torch.compile mode, e.g. reduce-overhead")
     p.add_argument("--samhq-aot-eager", action="store_true", help="samhq rewrite, then aot_eager (fast CPU compile)")
+    p.add_argument("--memory-budget", type=float, default=None,
+                   help="samhq.memory_budget in (0, 1]: save that fraction of the activations, recompute the rest")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dump-dir", default=None, help="write samhq graph dumps and match reports here")
     p.add_argument("--no-check", action="store_true", help="skip the eager-vs-compiled loss check")
@@ -144,6 +146,9 @@ def main(argv=None):
     device = torch.device(args.device)
     if args.full and device.type != "cuda" and not args.model:
         p.error("--full needs a CUDA GPU")
+    if args.memory_budget is not None and (args.backend != "samhq" or not 0 < args.memory_budget <= 1):
+        p.error(f"--memory-budget needs --backend samhq and a number in (0, 1], got {args.memory_budget} with "
+                f"--backend {args.backend}")
     spec = args.model or (f"random:{args.size}" if args.full else "random:tiny")
     bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
     torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it, as most fine-tuning runs do
@@ -192,6 +197,8 @@ def main(argv=None):
         options["samhq.dump_dir"] = args.dump_dir
     if args.samhq_aot_eager and args.backend == "samhq":
         options["samhq.inductor"] = False
+    if args.memory_budget is not None:
+        options["samhq.memory_budget"] = args.memory_budget
     mode = args.mode
     if options and mode:  # torch.compile takes mode= or options=, not both: samhq takes the mode as an option
         options, mode = {**options, "samhq.mode": mode}, None

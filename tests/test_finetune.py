@@ -101,6 +101,22 @@ def test_bf16_recipes_hold_frozen_weights_in_bf16_with_the_same_losses(tiny, tmp
     assert mlp and not _changed(before, after, "vision_encoder.") & mlp  # frozen in both: saved as loaded
 
 
+def test_memory_budget_trains_the_same_steps(tiny, tmp_path, monkeypatch):
+    # --memory-budget: the encoder's compile recomputes activations instead of saving them; the same losses
+    import samhq_fx.backend
+
+    budgets, real = [], samhq_fx.backend.memory_budget
+    monkeypatch.setattr(samhq_fx.backend, "memory_budget", lambda b: budgets.append(b) or real(b))
+    model_dir, data = tiny
+    common = ["--model", str(model_dir), "--data", str(data), "--train", "full", "--steps", "3", "--no-check"]
+    a = _run(common + ["--out", str(tmp_path / "a")])
+    assert budgets and set(budgets) == {None}
+    budgets.clear()
+    b = _run(common + ["--out", str(tmp_path / "b"), "--memory-budget", "0.2"])
+    assert b["fused"] == 2 and budgets and set(budgets) == {0.2}  # every graph of the encoder's compile
+    np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-5)
+
+
 def test_bad_model_and_data_stop_before_writing(tiny, tmp_path):
     model_dir, data = tiny
     from transformers import SamConfig
@@ -118,6 +134,9 @@ def test_bad_model_and_data_stop_before_writing(tiny, tmp_path):
     (bad / "masks" / "0003.png").unlink()
     with pytest.raises(samhq_data.DatasetError, match=f"{bad / 'images' / '0003.png'}: image with no mask"):
         finetune_samhq.main(["--model", str(model_dir), "--data", str(bad), "--out", str(tmp_path / "out")])
+    for budget in (["--memory-budget", "1.5"], ["--memory-budget", "0.2", "--backend", "inductor"]):
+        with pytest.raises(SystemExit):
+            finetune_samhq.main(budget + ["--out", str(tmp_path / "out")])
     with pytest.raises(samhq_model_io.ModelError, match="saved with --train"):
         finetune_samhq.main(["--resume", str(_fake_checkpoint(tmp_path)), "--train", "full", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
