@@ -180,7 +180,7 @@ train-both-b1|train-both-b4|train-both-tf32)
     grep -E "wall" "$OUT/$part.log" ;;
 *)
     parts="tests|decoder|tf32-train|vit-l|vit-h-train|ro-infer|ro-train|vit-l-train|vit-h-train2|vit-l-train-ro"
-    parts="$parts|vit-h-train-ro|d80|d80-bf16|d80-ncu|static-ab"
+    parts="$parts|vit-h-train-ro|vit-l-train-mem|vit-h-train-mem|d80|d80-bf16|d80-ncu|static-ab"
     more="ro-train-b1|tf32-train-b4|vit-h-infer|vit-h-infer-tf32-b8|ro-train-tf32-b4|infer-both|train-both-b1|train-both-b4|train-both-tf32"
     echo "usage: $0 [$parts|$more]..." >&2
     exit 2 ;;
