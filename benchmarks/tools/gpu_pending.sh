@@ -68,7 +68,8 @@ for part in "${@:-tests}"; do
 echo "=== $part"
 case "$part" in
 tests)
-    timeout 400 python -m pytest -v -rf -m gpu -n 12 --tb=short tests/ > "$OUT/tests.log" 2>&1
+    # PYTHONSAFEPATH: not the repo root on sys.path, whose kernels/ would shadow the hub `kernels` package
+    timeout 400 env PYTHONSAFEPATH=1 python -m pytest -v -rf -m gpu -n 12 --tb=short tests/ > "$OUT/tests.log" 2>&1
     grep -E "^E  |^tests/.*: in |FAILED|ERROR|passed|failed" "$OUT/tests.log" | tail -40 ;;  # why, not only which
 decoder)
     timeout 330 python $PH --what decoder --batch 4 --builds samhq-sdpa,samhq-sdpa-held,inductor-sdpa,inductor-sdpa-held \
