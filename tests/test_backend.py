@@ -25,7 +25,9 @@ from helpers import fresh_compile_state, rel_err
 FAST = {"samhq.inductor": False}
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))
 import sol076  # noqa: E402
+from saved_activations import saved_bytes  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -483,20 +485,6 @@ def test_user_kernels_launch_statically_unless_the_user_says_otherwise():
         assert os.environ[env] == "1"  # Inductor's compile workers read it from their environment
 
 
-def _saved_bytes(fn, x):
-    """(output, bytes of the distinct storages autograd saves for the backward during fn(x))."""
-    storages = {}
-
-    def pack(t):
-        if not isinstance(t, torch._subclasses.FakeTensor):  # fake ones: the compile's own tracing
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(x)
-    return out, sum(storages.values())
-
-
 @pytest.mark.parametrize("options", [FAST, {}])
 def test_memory_budget_recomputes_instead_of_saving(options):
     # samhq.memory_budget: AOTAutograd's partitioner keeps a fraction of what it saves by default and recomputes
@@ -506,12 +494,14 @@ def test_memory_budget_recomputes_instead_of_saving(options):
     model = _vision_model("sam_hq", "eager", image_size=64, patch_size=8, num_hidden_layers=2, mlp_dim=128)
     x = torch.randn(2, 3, 64, 64)
     ref, ref_grads = _loss_and_grads(model, model, x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}
     for budget in (None, 0.2):
         fresh_compile_state()
         compiled = torch.compile(model, backend="samhq", options={**options, "samhq.memory_budget": budget})
         model.zero_grad()
-        out, saved[budget] = _saved_bytes(compiled, x)
+        out, weights, rest = saved_bytes(compiled, x, params)
+        saved[budget] = weights + rest
         out.last_hidden_state.pow(2).mean().backward()
         assert counters["samhq"]["fused"] == 2, budget
         assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5, budget
