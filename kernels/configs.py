@@ -10,6 +10,9 @@ Shape class: the facts `config()` is called with (kernels/rel_pos_attention.py d
     d         int    head dim as the kernels see it (the larger of q / k's and v's): 64, 80 (= 64 + 16), 128, ...
     wk        int    key-grid width in columns, before padding to a power of two
     rows      int    query rows in all: batch * heads * queries
+    smem      int    bytes of shared memory one CTA may have on the target GPU (kernels/arch.py: 101376 on
+                     sm_86 / sm_89 / sm_120, 166912 on sm_80, 232448 on sm_90 / sm_100)
+    cc        int    the target's compute capability, major * 10 + minor (80, 86, 89, 90, 100, 120)
     interpret bool   Triton's CPU interpreter (tests)
 
 A row is (kernel, conditions, config, reason). kernel: "fwd", "dkdv", "dq", or "bwd" (how the backward is
@@ -19,6 +22,8 @@ WK_NARROW, ROWS_SMALL_FP32, ROWS_SMALL_16BIT, D_64, D_WIDE):
     min_d=, max_d=                            d at least / at most this (inclusive)
     min_wk=, max_wk=                          wk at least / at most this (inclusive)
     min_rows=, max_rows=                      rows at least / at most this (inclusive)
+    min_smem=, max_smem=                      smem at least / at most this (inclusive)
+    min_cc=, max_cc=                          cc at least / at most this (inclusive)
 
 Selection rules (the only ones; `_applies` and `config()` implement them, `check_table` enforces the keys):
   1. GPU rows and interpreter rows: a row that names interpret=True is an interpreter row, every other row a
@@ -72,6 +77,10 @@ ROWS_SMALL_16BIT = 40000  # 16-bit: up to this many rows one fused backward laun
 # Head dims (d, as the kernels see them).
 D_64 = 64  # d above this but not wide (ViT-H's 80 = 64 + 16) runs the rows for 64 and then the min_d=D_64 + 1 rows,
 #            where a fifth more per tile costs a CTA per SM or does not fit shared memory
+# Shared memory a CTA may have (smem, bytes; kernels/arch.py), by GPU class.
+SMEM_99KB = 101376  # sm_86, sm_89, sm_120
+SMEM_163KB = 166912  # sm_80
+SMEM_HOPPER = 232448  # sm_90, sm_100
 D_WIDE = 80  # d above this (96 = 64 + 32; 112 and 128 run as 128) is `wide`: only the wide=True rows (rule 2)
 
 # (kernel, conditions, config, reason: the measurement behind the row, ending with the commit that brought it in
@@ -247,7 +256,7 @@ OVERRIDES: dict[str, dict] = {}
 KERNELS = ("fwd", "dkdv", "dq", "bwd")
 # condition key -> the type of its value; min_X / max_X bound fact X
 CONDITION_KEYS = dict(fp32=bool, prec=str, wide=bool, interpret=bool, min_d=int, max_d=int, min_wk=int,
-                      max_wk=int, min_rows=int, max_rows=int)
+                      max_wk=int, min_rows=int, max_rows=int, min_smem=int, max_smem=int, min_cc=int, max_cc=int)
 PRECISIONS = ("none", "tf32", "tf32x3")
 _BLOCKS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "RH_SELECT", "MAXNREG")
 # kernel -> the config keys it takes (see "Keys of a config" above)
@@ -305,10 +314,10 @@ def applying_rows(kernel: str, facts: dict, table: list | None = None) -> list[i
 
 
 def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool,
-           d: int = 64) -> dict:
-    """The block config of one kernel for one shape class (selection rules in the module docstring);
-    d = tiles.pad(head dim)."""
-    facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d)
+           d: int = 64, smem: int = SMEM_HOPPER, cc: int = 90) -> dict:
+    """The block config of one kernel for one shape class on one GPU class (selection rules in the module
+    docstring); d = tiles.pad(head dim), smem / cc the target's (kernels/arch.py; Hopper's by default)."""
+    facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d, smem=smem, cc=cc)
     cfg: dict = {}
     for i in applying_rows(kernel, facts):  # rule 4
         cfg.update(TABLE[i][2])

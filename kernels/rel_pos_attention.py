@@ -60,7 +60,7 @@ import os
 import torch
 import triton
 
-from . import configs, tiles
+from . import arch, configs, tiles
 from .backward import _bwd_kernel
 from .forward import _fwd_kernel
 
@@ -90,19 +90,20 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "none"
 
 
-def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int) -> dict:
-    """Block config of one kernel for this shape class (the table in configs.py); rows = batch * queries,
-    d_pad / dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80). 80 runs the
-    head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
+def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int,
+            target: arch.Arch) -> dict:
+    """Block config of one kernel for this shape class on the `target` GPU class (the table in configs.py);
+    rows = batch * queries, d_pad / dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80).
+    80 runs the head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
     d = max(d_pad, dv_pad)
-    key = (kernel, dtype, prec, d, wk, rows)
+    key = (kernel, dtype, prec, d, wk, rows, target)
     try:
         hit = _CONFIGS.get(key)
     except TypeError:  # a symbolic size (traced with dynamic shapes) does not hash: no cache
         hit = key = None
     if hit is None or hit[0] is not configs.TABLE or hit[1] is not configs.OVERRIDES:
         cfg = configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk,
-                             rows=rows, interpret=_INTERPRET)
+                             rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
         if key is not None:
             if len(_CONFIGS) > 4096:
                 _CONFIGS.clear()
@@ -119,6 +120,16 @@ _CONFIGS: dict[tuple, tuple] = {}
 
 
 _tile, _pad = tiles.tile, tiles.pad
+
+
+def _target(device: torch.device) -> arch.Arch:
+    """The GPU class whose configs apply (kernels/arch.py); the interpreter's and CPU's are Hopper's."""
+    return arch.of(device) or arch.DEFAULT
+
+
+def _launch(kernel, grid, *args, **kwargs):
+    """Every kernel launch goes through here (kernels/fit.py records them on meta tensors instead)."""
+    torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
 def _chunks(d: int, dv: int) -> dict:
@@ -267,15 +278,15 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
     dv = v.shape[2]
     hk, wk = rel_h.shape[-1], rel_w.shape[-1]
     (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
-    cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv), wk, b * n_q)
+    cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv), wk, b * n_q, _target(q.device))
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
     kmajor = _kmajor(q.dtype, wk, max(_pad(d), _pad(dv)))
     vt = _keys_kmajor(v, hk, wk, wk_pad, r) if kmajor else v  # unused unless KMAJOR
     out = _empty((b, n_q, dv), q.dtype, q.device)
     lse = _empty((b, n_q), torch.float32, q.device)
     grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), b)
-    torch.library.wrap_triton(_fwd_kernel)[grid](
-        q, k, v, vt, rel_h, rel_w, out, lse,
+    _launch(
+        _fwd_kernel, grid, q, k, v, vt, rel_h, rel_w, out, lse,
         *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1),
         *rh_s, *rw_s, *out.stride(),
         lse.stride(0),
@@ -294,10 +305,11 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     hk, wk = rel_h.shape[-1], rel_w.shape[-1]
     prec = _dot_precision(q.dtype)
     d_pad, dv_pad = _pad(d), _pad(dv_)
-    cfg_kv = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk, b * n_q)
-    cfg_q = _config("dq", q.dtype, prec, d_pad, dv_pad, wk, b * n_q)
+    target = _target(q.device)
+    cfg_kv = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk, b * n_q, target)
+    cfg_q = _config("dq", q.dtype, prec, d_pad, dv_pad, wk, b * n_q, target)
     # one launch needs one num_warps / num_stages for both kinds of program
-    fused = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q).get("FUSED", False) and all(
+    fused = _config("bwd", q.dtype, prec, d_pad, dv_pad, wk, b * n_q, target).get("FUSED", False) and all(
         cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
     wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
@@ -325,8 +337,8 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
 
     def launch(part, grid, qt, dot, rh_t, rw_t, kt, cfg):
         (rht_s, rht_qw), (rwt_s, rwt_qw) = _rel_strides(rh_t), _rel_strides(rw_t)
-        torch.library.wrap_triton(_bwd_kernel)[grid](
-            q, k, v, rel_h, rel_w, rh_t, rw_t, dout, out, lse, delta, dq, dk, dv, drh, drw, qt, dot, kt,
+        _launch(
+            _bwd_kernel, grid, q, k, v, rel_h, rel_w, rh_t, rw_t, dout, out, lse, delta, dq, dk, dv, drh, drw, qt, dot, kt,
             *q.stride(), *k.stride(), *v.stride(), *rh_s, *rw_s, *rht_s, *rwt_s,
             *dout.stride(), *out.stride(), *lse.stride(), delta.stride(0),
             *dq.stride(), *dk.stride(), *dv.stride(), *_grad_strides(drh), *_grad_strides(drw),

@@ -519,7 +519,7 @@ def test_gpu_backward_deterministic(b, grid, d, mode, matmul_precision):
 def test_config_lookups_are_cached_per_table_and_overrides(monkeypatch):
     # the host path reads a shape class's config once; a sweep or test that swaps the table or the overrides
     # reads it again, and callers get their own copy
-    args = ("dq", torch.bfloat16, "none", 64, 64, 64, 12 * 4096)
+    args = ("dq", torch.bfloat16, "none", 64, 64, 64, 12 * 4096, K.arch.ARCHS["sm_86"])
     first = K._config(*args)
     first["BLOCK_M"] = -1
     assert K._config(*args)["BLOCK_M"] != -1
@@ -527,4 +527,4 @@ def test_config_lookups_are_cached_per_table_and_overrides(monkeypatch):
     assert K._config(*args)["BLOCK_M"] == 16
     monkeypatch.setattr(K.configs, "OVERRIDES", {})
     assert K._config(*args) == K.configs.config("dq", fp32=False, prec="none", wide=False, d=64, wk=64,
-                                                rows=12 * 4096, interpret=K._INTERPRET)
+                                                rows=12 * 4096, interpret=K._INTERPRET, smem=101376, cc=86)
