@@ -244,7 +244,7 @@ def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
         return f"rel_h/rel_w dtype {rel_h.dtype}/{rel_w.dtype} not supported"
     if any(t.device != q.device for t in ts):
         return "inputs on different devices"
-    if q.device.type != "cuda" and not _INTERPRET:
+    if q.device.type not in ("cuda", "meta") and not _INTERPRET:  # meta: asked at compile time (fit.py)
         return f"device {q.device.type} (Triton kernels need CUDA)"
     b, n_q, d = q.shape
     n_k = k.shape[1]

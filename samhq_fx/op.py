@@ -11,8 +11,10 @@ rel_h / rel_w come in as tensors so the table gather, interpolation and einsums 
 ordinary graph ops for autograd and Inductor; the op's backward returns dq, dk, dv, d_rel_h, d_rel_w.
 It saves (out, lse) for a flash-style backward, never the probabilities.
 
-Dispatch happens inside the op: Triton kernels on CUDA where `kernels.unsupported_reason` is None,
-the blocked reference (`reference.py`, O(block x N) memory) everywhere else. By default the ops are
+Dispatch happens inside the op: Triton kernels on CUDA, the blocked reference (`reference.py`, O(block x N)
+memory) on other devices. On CUDA the reference runs only when asked for (SAMHQ_FX_REFERENCE=1): the rewrite
+leaves to Inductor every attention whose kernels do not build or fit the GPU (placement.py), so a call the
+kernels cannot take is an error, not a silent slow path. By default the ops are
 opaque custom ops: a compiled graph (and its CUDA graph) calls them and they launch the kernels. The
 same op is also registered as a `torch.library.triton_op` (`samhq::rel_pos_attention_inductor`), which
 Inductor traces into and compiles itself; the rewrite emits it with the backend option
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import torch
 
@@ -74,6 +77,18 @@ def _log_once(msg: str, level: int = logging.INFO) -> None:
     if (level, msg) not in _warned:
         _warned.add((level, msg))
         log.log(level, "samhq_fx: %s", msg)
+
+
+def _reference_allowed(device: torch.device) -> bool:
+    """Whether the reference may stand in for the kernels here: off CUDA always; on CUDA only if asked for."""
+    return device.type != "cuda" or os.environ.get("SAMHQ_FX_REFERENCE", "") not in ("", "0")
+
+
+def _no_kernel(reason: str, q) -> ValueError:
+    return ValueError(
+        f"samhq_fx: rel_pos_attention on {q.device}: the Triton kernels cannot take q {tuple(q.shape)} "
+        f"({q.dtype}): {reason}. Compiled models leave such attention to Inductor; for a direct call, set "
+        f"SAMHQ_FX_REFERENCE=1 to run the PyTorch reference instead (slow, O(block x N) memory)")
 
 
 def _note_fallback(reason: str, device: torch.device) -> None:
@@ -139,9 +154,8 @@ _broken: set[tuple] = set()
 
 
 def _with_kernel_fallback(kernel_call, reference_call, inputs, direction: str):
-    """Run kernel_call; if the kernels fail to compile or launch here, warn once and use the reference.
-
-    Keeps a training run alive on a GPU / Triton combination the kernels were never built for. An
+    """Run kernel_call; if the kernels fail to compile or launch here, warn once and use the reference where it is
+    allowed (`_reference_allowed`: off CUDA, or asked for), else raise. An
     out-of-memory error is re-raised: the reference would need more memory, not less. Forward and
     backward fail separately: a backward kernel that does not fit must not switch the forward over
     mid-run (that changed the forward's bits between the first step and the next, on the H200).
@@ -153,6 +167,10 @@ def _with_kernel_fallback(kernel_call, reference_call, inputs, direction: str):
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # Triton CompilationError, OutOfResources, driver launch errors
+            if not _reference_allowed(inputs[0].device):
+                raise RuntimeError(
+                    f"samhq_fx: the Triton {direction} kernel failed for {key} ({type(e).__name__}). Set "
+                    f"SAMHQ_FX_REFERENCE=1 to run the PyTorch reference instead") from e
             _broken.add(key)
             log.warning(
                 "samhq_fx: Triton kernel failed for %s (%s: %s); using the reference implementation for it",
@@ -169,6 +187,8 @@ def _fwd_impl(
     if reason is None:
         kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale)  # noqa: E731
         return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "forward")
+    if not _reference_allowed(q.device):
+        raise _no_kernel(reason, q)
     _note_fallback(reason, q.device)
     return reference_call()
 
@@ -179,9 +199,12 @@ def _bwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (dout, q, k, v, rel_h, rel_w, out, lse, scale)
     reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference_backward(*args)  # noqa: E731
-    if _kernel_skip_reason(q, k, v, rel_h, rel_w) is None:
+    reason = _kernel_skip_reason(q, k, v, rel_h, rel_w)
+    if reason is None:
         kernel_call = lambda: _kernels.backward(*args)  # noqa: E731
         return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "backward")
+    if not _reference_allowed(q.device):
+        raise _no_kernel(reason, q)
     return reference_call()
 
 
@@ -257,15 +280,6 @@ def fused_op(triton_op: bool):
     if triton_op:
         _log_once(f"samhq.triton_op needs the Triton kernels, and {_KERNELS_MISSING}; using the opaque op")
     return torch.ops.samhq.rel_pos_attention.default
-
-
-def kernels_verified_for(device: torch.device) -> bool:
-    """Whether the "auto" choice may hand the kernels to Inductor on this device: CUDA compute capability 9.x
-    (Hopper), for which CI compiles every block config and checks its shared memory
-    (tests/hopper_compile_check.py). Inductor compiles a triton_op's kernels inside its own compile, where
-    the opaque op's fallback to the reference cannot catch a kernel that does not build or fit; elsewhere
-    (other GPUs, CPU) "auto" keeps the opaque op and with it that fallback."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 # --- functional API -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch.fx import Graph, Node
 
 from . import op  # registers torch.ops.samhq.*
+from . import placement
 from .patterns.fx_utils import is_static, shape, value
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
@@ -171,7 +172,7 @@ class RelPosAttentionPass(CustomGraphPass):
         self.min_seq_len = int(min_seq_len)
         self.dump_dir = dump_dir
         # which registration of the op (op.py) to emit: False the opaque op, True the triton_op one,
-        # "auto" the triton_op one for static key grids on devices the kernels are verified for, else opaque
+        # "auto" as placement.inductor_launches decides per match
         self.triton_op = "auto" if triton_op == "auto" else bool(triton_op)
         # Only plain data here: Inductor deep-copies its config, this pass included (torch 2.11).
         self._done: set[int] = set()
@@ -188,7 +189,11 @@ class RelPosAttentionPass(CustomGraphPass):
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
         for cand in candidates:
             if cand.match is not None:
-                apply_match(graph, cand.match, op.fused_op(self._inductor_launches(cand.match)))
+                reason = placement.misfit(cand.match)  # decided here, on the device compiled for
+                if reason is not None:
+                    cand.match, cand.reason = None, f"left to Inductor: {reason}"
+                    continue
+                apply_match(graph, cand.match, op.fused_op(placement.inductor_launches(cand.match, self.triton_op)))
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused
@@ -201,13 +206,6 @@ class RelPosAttentionPass(CustomGraphPass):
                 log.debug("samhq_fx: graph %d: left %s alone: %s", index, cand.node.name, cand.reason)
         if self.dump_dir:
             debug.write_dump(self.dump_dir, index, before, debug.graph_source(graph), candidates)
-
-    def _inductor_launches(self, m: Match) -> bool:
-        """True: emit the triton_op registration (Inductor compiles and launches the kernels)."""
-        if self.triton_op != "auto":
-            return self.triton_op
-        q = value(m.q)
-        return all(map(is_static, m.grid)) and q is not None and op.kernels_verified_for(q.device)
 
     def uuid(self) -> bytes:
         return get_hash_for_files(_source_files()) + (

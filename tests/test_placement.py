@@ -1,0 +1,119 @@
+"""Where a matched attention runs: the fused op's kernels where they build and fit the GPU, decided at compile time
+for its architecture, else Inductor (SKIPPED in the match report); never the reference on CUDA unless asked for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import samhq_fx
+from samhq_fx import op, placement
+from helpers import fresh_compile_state, rand_inputs, rel_err
+
+
+def layer(q, k, v, rel_h, rel_w):
+    # q, k, v: [B*heads, H*W, D]  rel_h: [B*heads, H, W, H]  rel_w: [B*heads, H, W, W]
+    b, n, d = q.shape
+    h, w = rel_h.shape[1], rel_h.shape[2]
+    attn = (q * d**-0.5) @ k.transpose(-2, -1)
+    attn = (attn.view(b, h, w, h, w) + rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).view(b, n, n)
+    return attn.softmax(dim=-1) @ v
+
+
+def _grid_inputs(b, h, w, d, seed, dtype=torch.float32):
+    q, k, v, rh, rw = rand_inputs(b, (h, w), (h, w), d, dtype=dtype, seed=seed)
+    return q, k, v, rh.view(b, h, w, h), rw.view(b, h, w, w)
+
+
+def test_a_layer_that_does_not_fit_is_left_to_inductor(tmp_path, monkeypatch):
+    reason = "the kernels do not fit sm_86: bwd:dq needs 176 KB of shared memory, sm_86 has 99 KB"
+    monkeypatch.setattr(placement, "misfit", lambda m: reason)
+    fresh_compile_state()
+    compiled = torch.compile(layer, backend="samhq", options={"samhq.dump_dir": str(tmp_path)})
+    inputs = _grid_inputs(2, 3, 4, 8, seed=1)
+    assert rel_err(compiled(*inputs), layer(*[t.double() for t in inputs])) < 1e-6
+    assert counters["samhq"]["fused"] == 0 and counters["samhq"]["skipped"] == 1
+    report = (tmp_path / "graph_1_report.txt").read_text()
+    assert f"left to Inductor: {reason}" in report, report
+    assert "samhq.rel_pos_attention" not in (tmp_path / "graph_1_after.py").read_text()
+
+
+def test_cuda_runs_the_reference_only_when_asked(monkeypatch):
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv("SAMHQ_FX_REFERENCE", raising=False)
+    assert not op._reference_allowed(cuda) and op._reference_allowed(torch.device("cpu"))
+    monkeypatch.setenv("SAMHQ_FX_REFERENCE", "1")
+    assert op._reference_allowed(cuda)
+
+
+def test_an_input_the_kernels_cannot_take_on_cuda_is_an_error_naming_why(monkeypatch):
+    # CPU tensors stand in for CUDA ones: what the op does is decided by _reference_allowed and the skip reason
+    monkeypatch.setattr(op, "_reference_allowed", lambda device: False)
+    monkeypatch.setattr(op, "_kernel_skip_reason", lambda *a: "head dim above 128")
+    inputs = rand_inputs(2, (3, 4), (3, 4), 8, seed=2)
+    with pytest.raises(ValueError, match="head dim above 128.*SAMHQ_FX_REFERENCE=1"):
+        samhq_fx.rel_pos_attention(*inputs)
+
+
+def test_a_kernel_failure_on_cuda_is_an_error_not_a_silent_fallback(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("OutOfResources: simulated")
+
+    monkeypatch.setattr(op, "_reference_allowed", lambda device: False)
+    monkeypatch.setattr(op, "_kernel_skip_reason", lambda *a: None)
+    monkeypatch.setattr(op, "_kernels", type("K", (), {"forward": broken, "backward": broken}))
+    monkeypatch.setattr(op, "_broken", set())
+    with pytest.raises(RuntimeError, match="forward kernel failed.*SAMHQ_FX_REFERENCE=1"):
+        samhq_fx.rel_pos_attention(*rand_inputs(2, (3, 4), (3, 4), 8, seed=3))
+
+
+# Each architecture faked for the CPU device: the rewrite compiles the layer's kernels for it (real Triton compiles,
+# so no interpreter) and either fuses the layer or leaves it to Inductor with the reason fit.py gives.
+_PER_ARCH = r"""
+import sys, tempfile, pathlib
+import torch
+from torch._dynamo.utils import counters
+sys.path.insert(0, sys.argv[1])
+from test_placement import layer, _grid_inputs
+from samhq_fx import placement
+from samhq_fx.kernels import arch, fit
+
+for name in sys.argv[2].split(","):
+    placement.arch.of = lambda device, a=arch.ARCHS[name]: a if device.type == "cpu" else None
+    for dtype, precision in ((torch.bfloat16, "high"), (torch.float32, "highest")):
+        torch.set_float32_matmul_precision(precision)
+        torch._dynamo.reset(); counters.clear()
+        d = tempfile.mkdtemp()
+        compiled = torch.compile(layer, backend="samhq", options={"samhq.dump_dir": d, "samhq.inductor": False})
+        inputs = _grid_inputs(1, 64, 64, 64, seed=0, dtype=dtype)
+        compiled(*inputs)  # compiles (the rewrite asks fit.py for this architecture), then runs on the CPU
+        report = (pathlib.Path(d) / "graph_1_report.txt").read_text().splitlines()[-1]
+        want = fit.misfit(arch.ARCHS[name], dtype, precision, fit.Shape(b=1, n_q=4096, hk=64, wk=64, d=64, dv=64))
+        print(name, dtype, precision, "FUSED" if report.startswith("FUSED") else "SKIPPED", want, "|", report)
+"""
+
+
+@pytest.mark.slow
+def test_each_architecture_fuses_or_leaves_the_layer_to_inductor_with_the_reason():
+    pytest.importorskip("triton.backends.nvidia")
+    names = "sm_80,sm_86,sm_89,sm_90,sm_100,sm_120"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _PER_ARCH, os.path.dirname(__file__), names], env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("sm_")]
+    assert len(rows) == 12, proc.stdout
+    for row in rows:
+        head, report = row.split(" | ", 1)
+        name, dtype, precision, verdict, want = head.split(" ", 4)
+        if want == "None":  # every launch fits: fused
+            assert verdict == "FUSED", row
+        else:  # left to Inductor, with fit.py's reason in the report
+            assert verdict == "SKIPPED" and f"left to Inductor: the kernels do not fit {name}: {want}" in report, row
+        if dtype == "torch.bfloat16":  # bf16 fits every architecture's shared memory at SAM's global layer
+            assert verdict == "FUSED", row
