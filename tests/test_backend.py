@@ -515,8 +515,8 @@ def test_memory_budget_recomputes_instead_of_saving(options):
 def test_memory_budget_errors_name_the_option(monkeypatch):
     from samhq_fx.backend import split_options
 
-    for bad in (0, 1.5, -0.1, "half", True):
-        with pytest.raises(ValueError, match=r"options\['samhq.memory_budget'\] must be None or a number in \(0, 1\]"):
+    for bad, error in ((0, ValueError), (1.5, ValueError), (-0.1, ValueError), ("half", TypeError), (True, TypeError)):
+        with pytest.raises(error, match=r"options\['samhq.memory_budget'\] must be None or a number in \(0, 1\]"):
             split_options({"samhq.memory_budget": bad})
     monkeypatch.setenv("SAMHQ_FX_MEMORY_BUDGET", "0.5")
     assert split_options(None)[0]["samhq.memory_budget"] == 0.5
