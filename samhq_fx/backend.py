@@ -16,20 +16,55 @@ cache key. `compile_fx` does the rest with the mode's and the user's Inductor op
 autograd (torch._dynamo.config.compiled_autograd = True) the backward graph comes through here too.
 
 Its options (keys of `options` prefixed `samhq.`, or SAMHQ_FX_* environment variables) are samhq_fx/options.py's,
-resolved once per compile into an `Options`; all other keys are Inductor config options, passed through.
+resolved once per compile into an `Options`; all other keys are Inductor config options, passed through. An option
+error reaches the caller of the compiled model as the ValueError / TypeError it is (`OptionValueError`,
+`OptionTypeError`), not inside Dynamo's BackendCompilerFailed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from typing import Any
 
 import torch
+from torch._dynamo.exc import ShortenTraceback
 
 from .host_indices import move_host_indices
 from .options import KEYS, PREFIX, Options
 from .rewrite import RelPosAttentionPass
+
+
+class _OptionError(ShortenTraceback):
+    """An option error raised where Dynamo calls the backend. Dynamo wraps anything else a backend raises in
+    BackendCompilerFailed ("backend='samhq' raised: ...", with its advice around the message), and re-raises a
+    ShortenTraceback as it is (torch/_dynamo/output_graph.py, _call_user_compiler, torch 2.11-2.13); its traceback
+    starts at the backend. str() is the message as raised: Dynamo appends its advice to args[0]."""
+
+    def __init__(self, message: str, first_useful_frame):
+        super().__init__(message, first_useful_frame=first_useful_frame)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class OptionValueError(_OptionError, ValueError):
+    """A ValueError in the samhq backend's options, found when the first graph compiled."""
+
+
+class OptionTypeError(_OptionError, TypeError):
+    """A TypeError in the samhq backend's options, found when the first graph compiled."""
+
+
+def resolve_options(mode: str | None, options) -> Options:
+    """`Options.resolve`, its errors as OptionValueError / OptionTypeError, which Dynamo passes through."""
+    try:
+        return Options.resolve(options, mode=mode)
+    except (ValueError, TypeError) as err:
+        error = OptionTypeError if isinstance(err, TypeError) else OptionValueError
+        raise error(str(err), first_useful_frame=inspect.currentframe().f_back) from None  # from the caller on
 
 
 def split_options(options) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -85,7 +120,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
     empty), never both (torch/__init__.py, _TorchCompileWrapper); a direct caller may give both."""
     from torch._inductor.compile_fx import compile_fx
 
-    opts = Options.resolve(options, mode=mode)
+    opts = resolve_options(mode, options)
     patches = opts.inductor_patches()
     graphs = [m for m in gm.modules() if isinstance(m, torch.fx.GraphModule)]  # gm and its HOP bodies
     if opts.host_indices:
