@@ -12,9 +12,12 @@ optimizer, HF `Trainer`, a LightningModule, PEFT) stay as they are.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from .options import Options
 
 __all__ = ["compile_encoder", "find_encoders"]
 
@@ -61,22 +64,35 @@ def compile_encoder(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.M
 
     `compile_kwargs` go to `nn.Module.compile` (that is, torch.compile): backend defaults to "samhq"; mode= or
     options=, not both (torch.compile refuses the pair; with the samhq backend a mode that comes with options is
-    `options={"samhq.mode": mode, ...}`); fullgraph=, dynamic= as usual. Calling it again recompiles with the
-    new arguments.
+    `options={"samhq.mode": mode, ...}`); fullgraph=, dynamic= as usual. The samhq backend's options are checked
+    here, before anything compiles (samhq_fx/options.py; ValueError / TypeError naming the option). Calling it again
+    recompiles with the new arguments.
     """
     check_compile_kwargs(compile_kwargs)
     compile_kwargs.setdefault("backend", "samhq")
     for encoder in find_encoders(model):
-        encoder.compile(**compile_kwargs)
+        kwargs = dict(compile_kwargs)
+        if kwargs.get("options") is not None:  # torch.compile pops its own keys from the dict it is given
+            kwargs["options"] = dict(kwargs["options"])
+        encoder.compile(**kwargs)
     return model
 
 
 def check_compile_kwargs(compile_kwargs: dict[str, Any]) -> None:
-    """ValueError, before anything is compiled, for mode= with options= (torch.compile's RuntimeError otherwise)."""
-    if compile_kwargs.get("mode") is not None and compile_kwargs.get("options") is not None:
+    """ValueError / TypeError, before anything is compiled: mode= with options= (torch.compile's RuntimeError
+    otherwise), and, for the samhq backend, its options (`Options.resolve`, the environment included)."""
+    mode, options = compile_kwargs.get("mode"), compile_kwargs.get("options")
+    if mode is not None and options is not None:
         raise ValueError(f"compile_encoder: give `mode` or `options`, not both (torch.compile refuses the pair); "
-                         f"with the samhq backend pass the mode as options={{'samhq.mode': "
-                         f"{compile_kwargs['mode']!r}, ...}}")
-    options = compile_kwargs.get("options")
-    if options is not None and not isinstance(options, dict):
-        raise ValueError(f"compile_encoder: `options` must be a dict, got {type(options).__name__}")
+                         f"with the samhq backend pass the mode as options={{'samhq.mode': {mode!r}, ...}}")
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(f"compile_encoder: `options` must be a dict (or another Mapping) of option names to "
+                         f"values, got {type(options).__name__}")
+    if _is_samhq(compile_kwargs.get("backend", "samhq")):
+        Options.resolve(options, mode=mode)
+
+
+def _is_samhq(backend: Any) -> bool:
+    from .backend import samhq_backend
+
+    return backend == "samhq" or backend is samhq_backend
