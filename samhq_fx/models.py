@@ -36,40 +36,55 @@ VIT_SIZES = {
 }
 
 
-def vision_config(size: str = "vit-b", attn_implementation: str = "eager"):
-    """SAM-HQ's image encoder at 1024x1024 for `size` "vit-b", "vit-l" or "vit-h" (VIT_SIZES)."""
+def check_image_size(image_size, patch_size: int, where: str) -> None:
+    """ValueError unless `image_size` is a positive whole number of `patch_size` patches."""
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0 or image_size % patch_size:
+        raise ValueError(f"{where}: `image_size` must be a positive multiple of the patch size {patch_size}, "
+                         f"got {image_size!r}")
+
+
+def vision_config(size: str = "vit-b", attn_implementation: str = "eager", image_size: int = 1024):
+    """SAM-HQ's image encoder for `size` "vit-b", "vit-l" or "vit-h" (VIT_SIZES) at image_size x image_size
+    (SAM's 1024 by default; 256 gives a 16x16 patch grid, with its global layers' rel-pos tables 31 rows)."""
     from transformers import SamHQVisionConfig
 
     if size not in VIT_SIZES:
         raise ValueError(f"vision_config: `size` must be one of {', '.join(VIT_SIZES)}, got {size!r}")
+    check_image_size(image_size, 16, "vision_config")
     kw = VIT_SIZES[size]
-    cfg = SamHQVisionConfig(**kw, mlp_dim=4 * kw["hidden_size"])
+    cfg = SamHQVisionConfig(**kw, mlp_dim=4 * kw["hidden_size"], image_size=image_size)
     cfg._attn_implementation = attn_implementation
     return cfg
 
 
-def vit_b_vision_config(attn_implementation: str = "eager"):
-    """SAM-HQ ViT-B at 1024x1024: 64x64 tokens, 14x14 windows, global layers 2, 5, 8, 11."""
-    return vision_config("vit-b", attn_implementation)
+def vit_b_vision_config(attn_implementation: str = "eager", image_size: int = 1024):
+    """SAM-HQ ViT-B, by default at 1024x1024: 64x64 tokens, 14x14 windows, global layers 2, 5, 8, 11."""
+    return vision_config("vit-b", attn_implementation, image_size)
 
 
-def sam_hq_config(attn_implementation: str = "eager", full: bool = False, size: str = "vit-b"):
-    """A whole SamHQModel's config: `size` (VIT_SIZES) at 1024x1024 (full), or a small one for CPU (8x8 tokens, a
-    3x3-window layer padded to 9x9 and a global layer, a one-layer mask decoder)."""
+def sam_hq_config(attn_implementation: str = "eager", full: bool = False, size: str = "vit-b",
+                  image_size: int | None = None):
+    """A whole SamHQModel's config: `size` (VIT_SIZES) at 1024x1024 (full), or a small one for CPU (64x64 images
+    in 8x8 patches: 8x8 tokens, a 3x3-window layer padded to 9x9 and a global layer, a one-layer mask decoder).
+    `image_size` (default 1024 full, 64 small) sets the images' side for the encoder and the prompt encoder alike;
+    a multiple of the patch size (16 full, 8 small)."""
     from transformers import SamHQConfig
 
     if full:
-        vision = vision_config(size, attn_implementation)
-        cfg = SamHQConfig(vision_config=vision.to_dict(), mask_decoder_config=dict(vit_dim=vision.hidden_size))
+        vision = vision_config(size, attn_implementation, 1024 if image_size is None else image_size)
+        cfg = SamHQConfig(vision_config=vision.to_dict(), mask_decoder_config=dict(vit_dim=vision.hidden_size),
+                          prompt_encoder_config=dict(image_size=vision.image_size, patch_size=vision.patch_size))
     else:
+        image_size = 64 if image_size is None else image_size
+        check_image_size(image_size, 8, "sam_hq_config")
         vision = tiny_vision_config(
-            attn_implementation, image_size=64, patch_size=8, hidden_size=64, num_attention_heads=4,
+            attn_implementation, image_size=image_size, patch_size=8, hidden_size=64, num_attention_heads=4,
             num_hidden_layers=2, global_attn_indexes=[1], window_size=3, mlp_dim=128, output_channels=32,
             num_pos_feats=16,
         )
         cfg = SamHQConfig(
             vision_config=vision.to_dict(),
-            prompt_encoder_config=dict(hidden_size=32, image_size=64, patch_size=8),
+            prompt_encoder_config=dict(hidden_size=32, image_size=image_size, patch_size=8),
             mask_decoder_config=dict(
                 hidden_size=32, mlp_dim=64, num_hidden_layers=1, num_attention_heads=2, iou_head_hidden_dim=32,
                 vit_dim=64,

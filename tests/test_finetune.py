@@ -211,3 +211,25 @@ def test_random_models_of_every_sam_size():
     assert all(c.mask_decoder_config.vit_dim == c.vision_config.hidden_size for k, c in cfgs.items() if k != "tiny")
     with pytest.raises(samhq_model_io.ModelError, match="unknown random model 'vit-g'"):
         samhq_model_io.random_config("vit-g")
+
+
+def test_models_built_at_other_image_sizes():
+    # samhq_fx.models builds SAM-HQ at any multiple of the patch size: at 256, a 16x16 patch grid (global layers'
+    # rel-pos tables 2 * 16 - 1 rows, windowed ones 2 * 14 - 1 as at 1024), prompts scaled to 256
+    from transformers import SamHQModel
+
+    from samhq_fx.models import sam_hq_config, vision_config
+
+    with torch.device("meta"):  # shapes only
+        model = SamHQModel(sam_hq_config("sdpa", full=True, image_size=256))
+    enc = model.vision_encoder
+    assert enc.pos_embed.shape == (1, 16, 16, 768)
+    assert [layer.attn.rel_pos_h.shape[0] for layer in enc.layers] == [27, 27, 31] * 4
+    assert model.prompt_encoder.input_image_size == 256 and model.prompt_encoder.image_embedding_size == (16, 16)
+    assert sam_hq_config(full=True).vision_config.image_size == 1024 and sam_hq_config().vision_config.image_size == 64
+    assert sam_hq_config(image_size=32).prompt_encoder_config.image_embedding_size == 4
+    with pytest.raises(ValueError, match="vision_config: `image_size` must be a positive multiple of the patch size 16"):
+        vision_config("vit-b", image_size=250)
+    with pytest.raises(ValueError, match="`image_size` must be a positive multiple of the patch size 8, got 36"):
+        sam_hq_config(image_size=36)
+
