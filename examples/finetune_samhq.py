@@ -3,13 +3,18 @@
     python examples/finetune_samhq.py             # tiny random-init SAM-HQ on a generated mask folder (CPU ok)
     python examples/finetune_samhq.py --model DIR_OR_HUB_ID --data DIR [--train decoder|lora|full]
         [--steps N | --epochs N] [--batch B] [--lr LR] [--bf16] [--out DIR] [--resume DIR/checkpoint-K]
+        [--image-size N]
     python examples/finetune_samhq.py --full      # random-init ViT-B at 1024x1024 (GPU), bf16 autocast
     python examples/finetune_samhq.py --full --size vit-h     # the same with SAM-HQ's ViT-H encoder
+    python examples/finetune_samhq.py --model DIR --data DIR --image-size 256   # train at 256x256 (SAM-Med2D's size)
 
 The data layout is in samhq_data.py, the checkpoint layout in samhq_model_io.py. With no --model a
 random-init model is built; with no --data a small mask folder is generated under --out first, so the
-default run needs no download. The vision encoder is compiled with --backend (samhq by default; the
-README's Known issues say why not the whole model). Before training the compiled loss is checked against
+default run needs no download. --image-size N trains on N x N inputs (256 and 512 are common for medical
+and remote-sensing data): the processor resizes images, masks and prompts to N, and the encoder's absolute
+position embedding and its global layers' rel-pos tables are interpolated to the N / 16 patch grid (a 1024
+checkpoint trains at 256 on 16x16 patches); its checkpoints keep that size. The vision encoder is compiled
+with --backend (samhq by default; the README's Known issues say why not the whole model). Before training the compiled loss is checked against
 eager on the first batch. Loss: BCE + dice on the low-res mask logits; AdamW, linear warm-up then cosine
 decay. Written under --out: checkpoint-<step>/, metrics.jsonl (loss per step, validation mask IoU and
 boundary IoU at each evaluation, before training included), curves.png and summary.json (ms/step,
@@ -55,6 +60,9 @@ def parse_args(argv):
     p.add_argument("--size", choices=("vit-b", "vit-l", "vit-h"), default="vit-b",
                    help="with --full: which SAM-HQ encoder to build (default vit-b)")
     p.add_argument("--data", default=None, help="mask folder: images/, masks/, optional val.txt (default: generated)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="train on N x N inputs, e.g. 256 or 512: images, masks and prompts resized to N, the encoder's "
+                        "position embeddings interpolated to the new patch grid (default: the model's own, 1024 for SAM)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held out when there is no val.txt (seeded)")
     p.add_argument("--points", type=int, default=0, help="also prompt with N points drawn inside the mask")
     p.add_argument("--box-jitter", type=float, default=0.1, help="training box noise, fraction of the box size")
@@ -164,8 +172,19 @@ def main(argv=None):
         for key in ("data", "batch", "seed"):
             if getattr(args, key) is None:
                 setattr(args, key, state.get(key))
+        saved_size = io.image_size_of(io.core_model(trained))
+        if args.image_size not in (None, saved_size):
+            p.error(f"--resume {args.resume} was trained at --image-size {saved_size}, not {args.image_size}")
     else:
         model, processor = io.load(spec, args.attn)
+        own_size = io.image_size_of(model)
+        model, processor = io.at_image_size(model, processor, args.image_size)
+        if io.image_size_of(model) != own_size:
+            patch = model.config.vision_config.patch_size
+            g0, g = own_size // patch, args.image_size // patch
+            print(f"--image-size {args.image_size} (the model's own is {own_size}): images, masks and prompts resized "
+                  f"to {args.image_size}; position embedding interpolated from {g0}x{g0} to {g}x{g} patches, global "
+                  f"rel-pos tables from {2 * g0 - 1} to {2 * g - 1} rows")
         state = {}
     args.batch = args.batch or (1 if args.full else 2)
     args.seed = 0 if args.seed is None else args.seed
@@ -218,7 +237,7 @@ def main(argv=None):
     print(f"SAM-HQ {spec}: {sum(q.numel() for q in trained.parameters()) / 1e6:.2f}M params, "
           f"{n_train / 1e6:.3f}M trained ({args.train}); data: {len(train_set)} train / {len(val_set)} val; "
           f"batch {args.batch}, {total} steps, lr {lr:g}; backend={args.backend} (vision encoder), "
-          f"{'bf16 autocast' if bf16 else 'fp32'}, {device}")
+          f"{'bf16 autocast' if bf16 else 'fp32'}, {device}, images {image_size}x{image_size}")
 
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "metrics.jsonl"

@@ -5,18 +5,22 @@
 A model is named by a spec: a directory or cached hub id that `SamHQModel.from_pretrained` takes, or
 "random:tiny" / "random:vit-b" for a random-init model (`samhq_fx.models.random_init_`, seeded, so the
 same spec rebuilds the same weights; a LoRA resume rebuilds its base model that way).
+`load(spec, image_size=N)` gives the model for N x N images whatever size it was saved at (`resized_model`: the
+position embeddings resized to the new patch grid) and a processor that resizes images and prompts to N.
 A checkpoint folder (`DIR/checkpoint-<step>/`) holds
     model/               save_pretrained weights (safetensors) and the processor: what segment.py loads;
                          for LoRA the adapter merged into the base model
     adapter/             LoRA only: the peft adapter, with the trained mask decoder (modules_to_save)
-    trainer_state.pt     optimizer, scheduler, step, train mode, base-model spec, and the data folder, batch
-                         size and seed that the batches follow (a resume takes them unless given again)
+    trainer_state.pt     optimizer, scheduler, step, train mode, base-model spec, image size, and the data
+                         folder, batch size and seed that the batches follow (a resume takes them unless
+                         given again)
 It is written to a temporary folder and renamed, so an interrupted save leaves no half checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -24,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from transformers import SamHQConfig, SamHQModel, SamHQProcessor
 
 from samhq_fx.models import VIT_SIZES, random_init_, sam_hq_config
@@ -43,10 +48,20 @@ RANDOM_KINDS = ("tiny", *VIT_SIZES)
 
 def random_config(kind: str, attn: str = "sdpa") -> SamHQConfig:
     # vit-b / vit-l / vit-h: SAM-HQ's encoders at 1024x1024 (64x64 tokens, 14x14 windows, 4 global layers;
-    # samhq_fx.models.VIT_SIZES); tiny: 8x8 tokens, for CPU
+    # samhq_fx.models.VIT_SIZES); tiny: 64x64 images in 8x8 tokens, for CPU
     if kind not in RANDOM_KINDS:
         raise ModelError(f"unknown random model {kind!r} ({', '.join(RANDOM_KINDS)})")
     return sam_hq_config(attn, full=kind != "tiny", size=kind if kind != "tiny" else "vit-b")
+
+
+def check_image_size(image_size: int | None, patch_size: int) -> None:
+    if image_size is not None and (image_size <= 0 or image_size % patch_size):
+        raise ModelError(f"--image-size {image_size}: must be a positive multiple of the model's patch size "
+                         f"{patch_size}")
+
+
+def image_size_of(model: SamHQModel) -> int:
+    return model.config.vision_config.image_size
 
 
 def mask_size(model: SamHQModel) -> int:
@@ -55,22 +70,81 @@ def mask_size(model: SamHQModel) -> int:
     return 4 * vc.image_size // vc.patch_size
 
 
-def processor_for(image_size: int, mask_size_: int) -> SamHQProcessor:
-    """A SAM-HQ processor for `image_size` inputs. Built from a preprocessor_config.json because that is
-    the format every transformers 5.x reads, whichever image-processor backend it picks."""
-    cfg = {"image_processor_type": "SamImageProcessor", "processor_class": "SamHQProcessor",
-           "size": {"longest_edge": image_size}, "pad_size": {"height": image_size, "width": image_size},
-           "mask_size": {"longest_edge": mask_size_}, "mask_pad_size": {"height": mask_size_, "width": mask_size_}}
+def _processor(cfg: dict) -> SamHQProcessor:
+    # through a preprocessor_config.json: the format every transformers 5.x reads, whichever image-processor
+    # backend it picks; SamHQProcessor reads its prompt-coordinate scale from it when it is built
     with tempfile.TemporaryDirectory() as d:
         Path(d, "preprocessor_config.json").write_text(json.dumps(cfg))
         return SamHQProcessor.from_pretrained(d)
 
 
-def load(spec: str, attn: str = "sdpa"):
-    """(model, processor) for a spec; fp32 weights (autocast does the bf16)."""
+def _sizes(image_size: int, mask_size_: int) -> dict:
+    return {"size": {"longest_edge": image_size}, "pad_size": {"height": image_size, "width": image_size},
+            "mask_size": {"longest_edge": mask_size_}, "mask_pad_size": {"height": mask_size_, "width": mask_size_}}
+
+
+def processor_for(image_size: int, mask_size_: int) -> SamHQProcessor:
+    """A SAM-HQ processor for `image_size` inputs (SAM's normalisation)."""
+    return _processor({"image_processor_type": "SamImageProcessor", "processor_class": "SamHQProcessor",
+                       **_sizes(image_size, mask_size_)})
+
+
+def processor_at(processor: SamHQProcessor, image_size: int, mask_size_: int) -> SamHQProcessor:
+    """`processor` (its normalisation and resampling kept) resizing images to `image_size` on their longest
+    side and padding to image_size^2; boxes and points are scaled with them."""
+    cfg = {**processor.image_processor.to_dict(), "processor_class": "SamHQProcessor"}
+    return _processor({**cfg, **_sizes(image_size, mask_size_)})
+
+
+def at_image_size(model: SamHQModel, processor: SamHQProcessor, image_size: int | None):
+    """(model, processor) for image_size x image_size inputs (None: as they are): `resized_model`, and
+    `processor_at` resizing the images and scaling the prompts to match."""
+    if image_size is None or image_size == image_size_of(model):
+        return model, processor
+    model = resized_model(model, image_size)
+    return model, processor_at(processor, image_size, mask_size(model))
+
+
+@torch.no_grad()
+def resized_model(model: SamHQModel, image_size: int) -> SamHQModel:
+    """`model` for image_size x image_size inputs: a new SamHQModel whose config says image_size (encoder and
+    prompt encoder), every weight copied, the ones whose shape follows the patch grid resized: the absolute
+    position embedding bilinearly to the new grid, the global layers' rel-pos tables linearly to 2 * grid - 1
+    rows (what SAM's get_rel_pos would do to them on every call). Windowed layers' tables keep their
+    2 * window - 1 rows."""
+    check_image_size(image_size, model.config.vision_config.patch_size)
+    cfg = copy.deepcopy(model.config)
+    cfg.vision_config.image_size = cfg.prompt_encoder_config.image_size = image_size
+    cfg.prompt_encoder_config.image_embedding_size = image_size // cfg.prompt_encoder_config.patch_size
+    resized = SamHQModel(cfg)
+    shapes = {k: v.shape for k, v in resized.state_dict().items()}
+    state = {}
+    for name, w in model.state_dict().items():
+        shape = shapes[name]
+        if w.shape == shape:
+            state[name] = w
+        elif name.endswith("pos_embed"):  # [1, grid, grid, C]
+            x = F.interpolate(w.permute(0, 3, 1, 2).float(), size=tuple(shape[1:3]), mode="bilinear",
+                              align_corners=False)
+            state[name] = x.permute(0, 2, 3, 1).to(w.dtype)
+        elif "rel_pos" in name:  # [2 * grid - 1, head_dim]
+            x = F.interpolate(w.T[None].float(), size=shape[0], mode="linear", align_corners=False)
+            state[name] = x[0].T.to(w.dtype)
+        else:
+            raise ModelError(f"--image-size {image_size}: {name} is {tuple(w.shape)} at "
+                             f"{image_size_of(model)} and {tuple(shape)} at {image_size}; no rule to resize it")
+    resized.load_state_dict(state)
+    return resized.train(model.training)
+
+
+def load(spec: str, attn: str = "sdpa", image_size: int | None = None):
+    """(model, processor) for a spec, for image_size^2 inputs (default: the size it was saved or built at, then
+    `at_image_size`); fp32 weights (autocast does the bf16)."""
     if spec.startswith("random:"):
-        model = random_init_(SamHQModel(random_config(spec.split(":", 1)[1], attn)))
-        return model, processor_for(model.config.vision_config.image_size, mask_size(model))
+        cfg = random_config(spec.split(":", 1)[1], attn)
+        check_image_size(image_size, cfg.vision_config.patch_size)
+        model = random_init_(SamHQModel(cfg))
+        return at_image_size(model, processor_for(image_size_of(model), mask_size(model)), image_size)
     from transformers import PretrainedConfig
 
     try:  # local_files_only: a hub id must already be in the cache; no run reaches the network on its own
@@ -83,6 +157,7 @@ def load(spec: str, attn: str = "sdpa"):
     if cfg.get("model_type") != "sam_hq":
         raise ModelError(f"--model {spec}: model_type is {cfg.get('model_type')!r}, not a SAM-HQ checkpoint "
                          f"('sam_hq')")
+    check_image_size(image_size, cfg.get("vision_config", {}).get("patch_size", 16))
     try:
         model = SamHQModel.from_pretrained(spec, local_files_only=True, dtype=torch.float32,
                                            attn_implementation=attn)
@@ -90,7 +165,7 @@ def load(spec: str, attn: str = "sdpa"):
     except Exception as e:  # missing or broken files raise OSError, ValueError, SafetensorError...: all bad input
         raise ModelError(f"--model {spec}: cannot load SAM-HQ weights and processor "
                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-    return model, processor
+    return at_image_size(model, processor, image_size)
 
 
 def save_model(model: SamHQModel, processor, path: str | Path) -> None:
@@ -131,18 +206,19 @@ def save_checkpoint(out: Path, step: int, trained, mode: str, spec: str, process
         # the training weights and a resumed run would no longer match an uninterrupted one
         from peft import PeftModel
 
-        base, _ = load(spec)
+        base, _ = load(spec, image_size=image_size_of(core_model(trained)))
         merged = PeftModel.from_pretrained(base, tmp / "adapter").merge_and_unload()
         save_model(merged, processor, tmp / "model")
     elif mode == "decoder" and any(p.dtype != torch.float32 for p in trained.parameters()):
         # the frozen rest is held in bf16 for training (samhq_fx.cast_frozen_weights_): the trained mask decoder
         # goes into a freshly loaded base, so the checkpoint keeps the base's own fp32 weights
-        base, _ = load(spec)
+        base, _ = load(spec, image_size=image_size_of(trained))
         base.load_state_dict({k: v for k, v in trained.state_dict().items() if k.startswith(DECODER)}, strict=False)
         save_model(base, processor, tmp / "model")
     else:
         save_model(trained, processor, tmp / "model")
-    torch.save(dict(state, step=step, train=mode, model=spec), tmp / "trainer_state.pt")
+    torch.save(dict(state, step=step, train=mode, model=spec, image_size=image_size_of(core_model(trained))),
+               tmp / "trainer_state.pt")
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -160,7 +236,7 @@ def load_checkpoint(path: str | Path, mode: str, attn: str = "sdpa"):
     if mode == "lora":
         from peft import PeftModel
 
-        base, processor = load(state["model"], attn)
+        base, processor = load(state["model"], attn, state.get("image_size"))
         trained = PeftModel.from_pretrained(base, path / "adapter", is_trainable=True)
     else:
         model, processor = load(str(path / "model"), attn)

@@ -233,3 +233,87 @@ def test_models_built_at_other_image_sizes():
     with pytest.raises(ValueError, match="`image_size` must be a positive multiple of the patch size 8, got 36"):
         sam_hq_config(image_size=36)
 
+
+def test_resized_model_interpolates_position_tables(tiny):
+    # a 64x64 model at 32 (and 128): the position embedding bilinear on the patch grid, the global layer's rel-pos
+    # tables linear over 2 * grid - 1 rows (half-pixel centres, as SAM's get_rel_pos), every other weight as it was
+    from PIL import Image
+
+    model, processor = samhq_model_io.load(str(tiny[0]))
+    with torch.no_grad():
+        model.vision_encoder.pos_embed.copy_(torch.arange(8.0)[None, :, None, None].expand(1, 8, 8, 64))  # = row
+        model.vision_encoder.layers[1].attn.rel_pos_h.copy_(torch.arange(15.0)[:, None].expand(15, 16))
+    small, small_processor = samhq_model_io.at_image_size(model, processor, 32)
+    assert small.config.vision_config.image_size == small.config.prompt_encoder_config.image_size == 32
+    pos = small.vision_encoder.pos_embed
+    assert pos.shape == (1, 4, 4, 64)
+    torch.testing.assert_close(pos[0, :, :, 0], (2 * torch.arange(4.0) + 0.5)[:, None].expand(4, 4))
+    table = small.vision_encoder.layers[1].attn.rel_pos_h
+    assert table.shape == (7, 16) and small.vision_encoder.layers[1].attn.rel_pos_w.shape == (7, 16)
+    torch.testing.assert_close(table[:, 0], ((torch.arange(7.0) + 0.5) * 15 / 7 - 0.5).clamp(0, 14))
+    before, after = model.state_dict(), small.state_dict()
+    resized = {k for k in before if before[k].shape != after[k].shape}
+    assert resized == {"vision_encoder.pos_embed", "vision_encoder.layers.1.attn.rel_pos_h",
+                       "vision_encoder.layers.1.attn.rel_pos_w"}  # the windowed layer's tables keep 2 * 3 - 1 rows
+    assert all(torch.equal(before[k], after[k]) for k in before.keys() - resized)
+    assert samhq_model_io.at_image_size(model, processor, 64) == (model, processor)
+
+    # the processor resizes the image to 32 on its longest side and scales the box with it
+    enc = small_processor(images=[Image.new("RGB", (64, 48))], input_boxes=[[[8, 4, 64, 48]]], return_tensors="pt")
+    assert enc["pixel_values"].shape == (1, 3, 32, 32) and enc["reshaped_input_sizes"].tolist() == [[24, 32]]
+    assert enc["input_boxes"].tolist() == [[[4, 2, 32, 24]]]
+    out = small(pixel_values=enc["pixel_values"].float(), input_boxes=enc["input_boxes"].float(),
+                multimask_output=False)
+    assert out.pred_masks.shape[-2:] == (16, 16) == (samhq_model_io.mask_size(small),) * 2
+    big, _ = samhq_model_io.at_image_size(model, processor, 128)
+    assert big.vision_encoder.pos_embed.shape == (1, 16, 16, 64) and big.vision_encoder.layers[1].attn.rel_pos_h.shape[0] == 31
+    with pytest.raises(samhq_model_io.ModelError, match="--image-size 36: must be a positive multiple of the model's "
+                                                        "patch size 8"):
+        samhq_model_io.load(str(tiny[0]), image_size=36)
+
+
+def test_train_at_a_smaller_image_size_resume_and_segment(tiny, tmp_path, capsys):
+    # a 64x64 checkpoint trained at 32 (4x4 patches): fused, finite, checkpoints saved at 32 that resume exactly
+    # and segment at 32; bf16 decoder (its checkpoint goes into a base reloaded at 32) and LoRA (its adapter merges
+    # into a base reloaded at 32)
+    from transformers import SamHQConfig
+
+    model_dir, data = tiny
+    common = ["--model", str(model_dir), "--data", str(data), "--steps", "4", "--eval-every", "2", "--image-size", "32"]
+    a = _run(common + ["--out", str(tmp_path / "a"), "--save-every", "2", "--bf16"])
+    out = capsys.readouterr().out
+    assert a["fused"] == 2 and len(a["losses"]) == 4 and all(np.isfinite(a["losses"]))
+    assert ("--image-size 32 (the model's own is 64): images, masks and prompts resized to 32; position embedding "
+            "interpolated from 8x8 to 4x4 patches, global rel-pos tables from 15 to 7 rows") in out
+    assert "images 32x32" in out and "check: eager loss" in out
+    ckpt = tmp_path / "a" / "checkpoint-4" / "model"
+    assert SamHQConfig.from_pretrained(ckpt).vision_config.image_size == 32
+    weights = load_file(ckpt / "model.safetensors")
+    assert weights["vision_encoder.pos_embed"].shape == (1, 4, 4, 64)
+    assert weights["vision_encoder.layers.1.attn.rel_pos_h"].shape == (7, 16)
+    assert all(w.dtype == torch.float32 for w in weights.values())
+
+    b = _run(common[4:-2] + ["--out", str(tmp_path / "b"), "--resume", str(tmp_path / "a" / "checkpoint-2"),
+                             "--no-check", "--bf16"])
+    assert b["losses"] == a["losses"][2:] and b["fused"] == 2
+    with pytest.raises(SystemExit):
+        _run(["--resume", str(tmp_path / "a" / "checkpoint-2"), "--image-size", "64", "--out", str(tmp_path / "c")])
+    assert "was trained at --image-size 32, not 64" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+    image = data / "images" / "0001.png"  # 48 high, 64 wide: resized to 24 x 32 for the model
+    fresh_compile_state()
+    seg = segment.main(["--model", str(ckpt), "--image", str(image), "--box", "10", "8", "50", "40",
+                        "--out", str(tmp_path / "m.png"), "--compile", "--samhq-aot-eager"])
+    assert seg["mask"].shape == (48, 64) and seg["fused"] == 2
+
+    lora = ["--model", str(model_dir), "--data", str(data), "--train", "lora", "--steps", "2", "--image-size", "32",
+            "--no-check"]
+    c = _run(lora + ["--out", str(tmp_path / "lora"), "--save-every", "1"])
+    assert c["fused"] == 2 and all(np.isfinite(c["losses"]))
+    merged = tmp_path / "lora" / "checkpoint-2" / "model"
+    assert load_file(merged / "model.safetensors")["vision_encoder.pos_embed"].shape == (1, 4, 4, 64)
+    assert segment.main(["--model", str(merged), "--image", str(image), "--point", "30", "20",
+                         "--out", str(tmp_path / "l.png")])["mask"].shape == (48, 64)
+    d = _run(lora[2:-3] + ["--no-check", "--out", str(tmp_path / "lora2"),
+                           "--resume", str(tmp_path / "lora" / "checkpoint-1")])
+    assert d["losses"] == c["losses"][1:]
