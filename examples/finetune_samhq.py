@@ -322,7 +322,8 @@ def main(argv=None):
     fused = counters["samhq"]["fused"]
     steady = times[1:] or times or [float("nan")]
     summary = {  # one line per run for comparing backends and recipes (examples/gpu_proof.sh reads it)
-        "train": args.train, "backend": args.backend, "model": spec, "batch": args.batch, "steps": total,
+        "train": args.train, "backend": args.backend, "model": spec, "image_size": image_size, "batch": args.batch,
+        "steps": total,
         "bf16": bf16, "device": str(device), "fused": fused, "check_abs_diff": check_diff,
         "ms_per_step": statistics.median(steady) * 1e3, "first_step_s": times[0] if times else None,
         "peak_mib": peak_memory_mib(device), "loss_first": losses[0] if losses else None,

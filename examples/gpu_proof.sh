@@ -7,6 +7,8 @@
 #   bash examples/gpu_proof.sh                      # all three recipes, 30 steps, batch 4
 #   STEPS=40 BATCH=2 bash examples/gpu_proof.sh decoder full
 #   MODEL=vit-h BATCH=2 bash examples/gpu_proof.sh full lora   # SAM-HQ's ViT-H encoder
+#   IMAGE_SIZE=256 BATCH=16 bash examples/gpu_proof.sh full   # trained at 256x256 (SAM-Med2D's size): --image-size
+#                                                   # 256, the 1024 model's position embeddings on 16x16 patches
 #   BACKENDS=samhq MODEL=vit-h BATCH=2 bash examples/gpu_proof.sh full   # one backend (a ViT-H run compiles for
 #                                                   # minutes: one backend per 10-minute device command)
 #   WHEELS=wheels bash examples/gpu_proof.sh        # first pip-install peft (lora) etc. from a wheel folder, offline
@@ -21,6 +23,7 @@ BATCH=${BATCH:-4}
 WORK=${WORK:-/tmp/samhq_gpu_proof}
 MODEL=${MODEL:-vit-b}  # vit-l, vit-h, or tiny (64x64), to try the script without a GPU
 EXTRA=${EXTRA:-}       # more finetune_samhq.py flags
+IMAGE_SIZE=${IMAGE_SIZE:-}  # train at IMAGE_SIZE x IMAGE_SIZE (--image-size), e.g. 256; default: the model's own
 MODES=${*:-decoder lora full}
 BACKENDS=${BACKENDS:-samhq inductor}
 mkdir -p "$WORK"
@@ -44,11 +47,12 @@ for mode in $MODES; do
         continue
     fi
     for backend in $BACKENDS; do
-        run="$WORK/$mode-$backend"
+        run="$WORK/$mode-$backend${IMAGE_SIZE:+-$IMAGE_SIZE}"
         echo "== $mode, backend $backend: $run.log"
         rm -rf "$run"
         python examples/finetune_samhq.py --model "$WORK/$MODEL" --data "$WORK/data-$SIZE" --train "$mode" \
-            --backend "$backend" --steps "$STEPS" --batch "$BATCH" --bf16 --eval-every "$STEPS" --out "$run" $EXTRA \
+            --backend "$backend" --steps "$STEPS" --batch "$BATCH" --bf16 --eval-every "$STEPS" --out "$run" \
+            ${IMAGE_SIZE:+--image-size "$IMAGE_SIZE"} $EXTRA \
             > "$run.log" 2>&1 || { echo "FAILED (exit $?):"; tail -20 "$run.log"; }
         grep -E "^check:|^attention blocks" "$run.log" | grep -v compiling
     done
@@ -57,12 +61,13 @@ done
 python - "$WORK" <<'EOF'
 import json, pathlib, sys
 rows = sorted(pathlib.Path(sys.argv[1]).glob("*/summary.json"))
-print(f"\n{'recipe':8} {'backend':9} {'fused':>5} {'ms/step':>8} {'peak MiB':>9} {'check diff':>10} "
+print(f"\n{'recipe':8} {'backend':9} {'size':>4} {'fused':>5} {'ms/step':>8} {'peak MiB':>9} {'check diff':>10} "
       f"{'val IoU before -> after':>24} {'boundary IoU before -> after':>29}")
 for path in rows:
     s = json.loads(path.read_text())
     diff = "-" if s["check_abs_diff"] is None else f"{s['check_abs_diff']:.1e}"
-    print(f"{s['train']:8} {s['backend']:9} {s['fused']:5} {s['ms_per_step']:8.1f} {s['peak_mib']:9.0f} {diff:>10} "
+    print(f"{s['train']:8} {s['backend']:9} {s.get('image_size', '-'):>4} {s['fused']:5} {s['ms_per_step']:8.1f} "
+          f"{s['peak_mib']:9.0f} {diff:>10} "
           f"{s.get('val_iou_before', float('nan')):12.4f} -> {s.get('val_iou_after', float('nan')):.4f} "
           f"{s.get('val_boundary_iou_before', float('nan')):17.4f} -> {s.get('val_boundary_iou_after', float('nan')):.4f}")
 EOF
