@@ -4,7 +4,9 @@
     python examples/segment.py --model DIR --image cat.jpg --point 120 90 --out mask.png --compile
 
 Writes the mask (0 / 255, the image's size) to --out and the image with the mask tinted red over it to
---overlay (default: <out>_overlay.png). --compile runs the vision encoder under
+--overlay (default: <out>_overlay.png), and prints the model's own estimate of the mask's IoU: SAM's
+iou_predictions output, a regression that is not bounded (an untrained or off-domain model gives values
+below 0 or above 1), printed clamped to [0, 1]. --compile runs the vision encoder under
 torch.compile(backend="samhq"); on one image that pays for a compile, so it is for checking and for
 processes that go on to segment many.
 """
@@ -55,6 +57,8 @@ def main(argv=None):
         # hq_token_only: the HQ output, the mask finetune_samhq.py trains and evaluates
         out = model(**inputs, multimask_output=args.multimask, hq_token_only=True)
     best = out.iou_scores[0, 0].argmax().item() if args.multimask else 0
+    iou_prediction = out.iou_scores[0, 0, best].item()
+    iou_estimate = min(max(iou_prediction, 0.0), 1.0)
     logits = samhq_metrics.upscale_logits(out.pred_masks[0, 0, best].cpu(), enc["reshaped_input_sizes"][0],
                                           enc["original_sizes"][0], processor.image_processor.pad_size["height"])
     mask = (logits > 0).numpy()
@@ -65,11 +69,12 @@ def main(argv=None):
     rgb = np.asarray(image, dtype=np.float32)
     rgb[mask] = 0.5 * rgb[mask] + 0.5 * np.array([255.0, 0.0, 0.0])
     Image.fromarray(rgb.astype(np.uint8)).save(overlay_path)
-    print(f"mask: {mask.sum()} of {w}x{h} pixels, predicted IoU {out.iou_scores[0, 0, best].item():.3f}; "
-          f"wrote {out_path}, {overlay_path}")
+    print(f"mask: {mask.sum()} of {w}x{h} pixels; the model's IoU estimate {iou_estimate:.3f} (its iou_predictions "
+          f"output, clamped to [0, 1]); wrote {out_path}, {overlay_path}")
     if args.compile:
         print(f"attention blocks fused by samhq: {torch._dynamo.utils.counters['samhq']['fused']}")
-    return {"mask": mask, "fused": torch._dynamo.utils.counters["samhq"]["fused"]}
+    return {"mask": mask, "iou_prediction": iou_prediction, "iou_estimate": iou_estimate,
+            "fused": torch._dynamo.utils.counters["samhq"]["fused"]}
 
 
 if __name__ == "__main__":

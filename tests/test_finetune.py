@@ -149,7 +149,7 @@ def _fake_checkpoint(tmp_path):
     return ckpt
 
 
-def test_segment_writes_mask_and_overlay_compiled_or_not(tiny, tmp_path):
+def test_segment_writes_mask_and_overlay_compiled_or_not(tiny, tmp_path, capsys):
     from PIL import Image
 
     model_dir, data = tiny
@@ -157,6 +157,9 @@ def test_segment_writes_mask_and_overlay_compiled_or_not(tiny, tmp_path):
     fresh_compile_state()
     common = ["--model", str(model_dir), "--image", str(image), "--box", "10", "8", "50", "40"]
     eager = segment.main(common + ["--out", str(tmp_path / "eager.png")])
+    # SAM's iou_predictions is an unbounded regression (the random model's is negative here): printed clamped
+    assert eager["iou_prediction"] < 0 and eager["iou_estimate"] == 0.0
+    assert "the model's IoU estimate 0.000 (its iou_predictions output, clamped to [0, 1])" in capsys.readouterr().out
     compiled = segment.main(common + ["--out", str(tmp_path / "c.png"), "--compile", "--samhq-aot-eager"])
     assert compiled["fused"] == 2
     written = np.asarray(Image.open(tmp_path / "eager.png"))
