@@ -61,8 +61,9 @@ def parse_args(argv):
                    help="with --full: which SAM-HQ encoder to build (default vit-b)")
     p.add_argument("--data", default=None, help="mask folder: images/, masks/, optional val.txt (default: generated)")
     p.add_argument("--image-size", type=int, default=None,
-                   help="train on N x N inputs, e.g. 256 or 512: images, masks and prompts resized to N, the encoder's "
-                        "position embeddings interpolated to the new patch grid (default: the model's own, 1024 for SAM)")
+                   help="train on N x N inputs, e.g. 256 or 512: images, masks and prompts resized to N, the "
+                        "encoder's position embeddings interpolated to the new patch grid (default: the model's own, "
+                        "1024 for SAM)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held out when there is no val.txt (seeded)")
     p.add_argument("--points", type=int, default=0, help="also prompt with N points drawn inside the mask")
     p.add_argument("--box-jitter", type=float, default=0.1, help="training box noise, fraction of the box size")
@@ -234,6 +235,9 @@ def main(argv=None):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     grad_encoder = args.train != "decoder"
     n_train = sum(q.numel() for q in params)
+    if args.resume:
+        print(f"resuming from {args.resume} at step {start} of {total} (--model {spec}, --data "
+              f"{args.data or out / 'data'}, --batch {args.batch}, --seed {args.seed}, --image-size {image_size})")
     print(f"SAM-HQ {spec}: {sum(q.numel() for q in trained.parameters()) / 1e6:.2f}M params, "
           f"{n_train / 1e6:.3f}M trained ({args.train}); data: {len(train_set)} train / {len(val_set)} val; "
           f"batch {args.batch}, {total} steps, lr {lr:g}; backend={args.backend} (vision encoder), "

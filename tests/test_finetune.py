@@ -75,6 +75,8 @@ def test_train_mode_fused_trains_its_part_and_resumes_exactly(tiny, tmp_path, mo
     b = _run(common[4:] + ["--out", str(tmp_path / "b"), "--resume", str(tmp_path / "a" / "checkpoint-2"), "--no-check"]
              + workers)
     assert b["fused"] == 2
+    assert (f"resuming from {tmp_path / 'a' / 'checkpoint-2'} at step 2 of 4 (--model {model_dir}, --data {data}, "
+            f"--batch 2, --seed 0, --image-size 64)") in capsys.readouterr().out
     assert b["losses"] == a["losses"][2:]  # bit-equal: data, jitter and optimizer state all resume exactly
     assert b["evals"] == a["evals"]  # the log before the checkpoint is carried over
     resumed = load_file(tmp_path / "b" / "checkpoint-4" / "model" / "model.safetensors")
@@ -231,7 +233,8 @@ def test_models_built_at_other_image_sizes():
     assert model.prompt_encoder.input_image_size == 256 and model.prompt_encoder.image_embedding_size == (16, 16)
     assert sam_hq_config(full=True).vision_config.image_size == 1024 and sam_hq_config().vision_config.image_size == 64
     assert sam_hq_config(image_size=32).prompt_encoder_config.image_embedding_size == 4
-    with pytest.raises(ValueError, match="vision_config: `image_size` must be a positive multiple of the patch size 16"):
+    with pytest.raises(ValueError, match="vision_config: `image_size` must be a positive multiple of the patch "
+                                         "size 16, got 250"):
         vision_config("vit-b", image_size=250)
     with pytest.raises(ValueError, match="`image_size` must be a positive multiple of the patch size 8, got 36"):
         sam_hq_config(image_size=36)
@@ -269,7 +272,8 @@ def test_resized_model_interpolates_position_tables(tiny):
                 multimask_output=False)
     assert out.pred_masks.shape[-2:] == (16, 16) == (samhq_model_io.mask_size(small),) * 2
     big, _ = samhq_model_io.at_image_size(model, processor, 128)
-    assert big.vision_encoder.pos_embed.shape == (1, 16, 16, 64) and big.vision_encoder.layers[1].attn.rel_pos_h.shape[0] == 31
+    assert big.vision_encoder.pos_embed.shape == (1, 16, 16, 64)
+    assert big.vision_encoder.layers[1].attn.rel_pos_h.shape[0] == 31
     with pytest.raises(samhq_model_io.ModelError, match="--image-size 36: must be a positive multiple of the model's "
                                                         "patch size 8"):
         samhq_model_io.load(str(tiny[0]), image_size=36)
