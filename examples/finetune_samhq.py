@@ -14,11 +14,11 @@ default run needs no download. --image-size N trains on N x N inputs (256 and 51
 and remote-sensing data): the processor resizes images, masks and prompts to N, and the encoder's absolute
 position embedding and its global layers' rel-pos tables are interpolated to the N / 16 patch grid (a 1024
 checkpoint trains at 256 on 16x16 patches); its checkpoints keep that size. The vision encoder is compiled
-with --backend (samhq by default; the README's Known issues say why not the whole model). Before training the compiled loss is checked against
-eager on the first batch. Loss: BCE + dice on the low-res mask logits; AdamW, linear warm-up then cosine
-decay. Written under --out: checkpoint-<step>/, metrics.jsonl (loss per step, validation mask IoU and
-boundary IoU at each evaluation, before training included), curves.png and summary.json (ms/step,
-peak memory, validation IoU before and after: one run's numbers).
+with --backend (samhq by default; the README's Limitations section says why not the whole model). Before
+training the compiled loss is checked against eager on the first batch. Loss: BCE + dice on the low-res mask
+logits; AdamW, linear warm-up then cosine decay. Written under --out: checkpoint-<step>/, metrics.jsonl (loss
+per step, validation mask IoU and boundary IoU at each evaluation, before training included), curves.png and
+summary.json (ms/step, peak memory, validation IoU before and after: one run's numbers).
 """
 
 from __future__ import annotations

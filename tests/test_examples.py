@@ -55,3 +55,15 @@ def test_whole_samhq_model_builder_fuses_on_cpu(tmp_path):
     assert counters["samhq"]["fused"] == 2
     assert rel_err(loss, ref) < 1e-5
     assert rel_err(param.grad, ref_grad) < 1e-4, name
+
+
+def test_readme_sections_the_examples_name_exist():
+    # a docstring that sends the reader to "the README's X section" names a heading the README has
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    headings = set(re.findall(r"^#+ (.+)$", (root / "README.md").read_text(), re.M))
+    named = {(path.name, m) for path in (root / "examples").glob("*.py")
+             for m in re.findall(r"README's (\w[\w -]*?) section", path.read_text())}
+    assert ("finetune_samhq.py", "Limitations") in named
+    assert {m for _, m in named} <= headings, sorted(named)
