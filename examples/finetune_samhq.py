@@ -235,12 +235,15 @@ def main(argv=None):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     grad_encoder = args.train != "decoder"
     n_train = sum(q.numel() for q in params)
+    compiled = args.backend != "none"
+    encoder_runs = (f"vision encoder compiled with backend={args.backend}" if compiled
+                    else "vision encoder eager (--backend none: nothing compiled)")
     if args.resume:
         print(f"resuming from {args.resume} at step {start} of {total} (--model {spec}, --data "
               f"{args.data or out / 'data'}, --batch {args.batch}, --seed {args.seed}, --image-size {image_size})")
     print(f"SAM-HQ {spec}: {sum(q.numel() for q in trained.parameters()) / 1e6:.2f}M params, "
           f"{n_train / 1e6:.3f}M trained ({args.train}); data: {len(train_set)} train / {len(val_set)} val; "
-          f"batch {args.batch}, {total} steps, lr {lr:g}; backend={args.backend} (vision encoder), "
+          f"batch {args.batch}, {total} steps, lr {lr:g}; {encoder_runs}, "
           f"{'bf16 autocast' if bf16 else 'fp32'}, {device}, images {image_size}x{image_size}")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -274,8 +277,11 @@ def main(argv=None):
     if start == 0:
         run_eval(0)
     check_diff = None
-    if not args.no_check and start < total:
-        print("check: compiling (cold caches: minutes for ViT-B) and comparing with eager...", flush=True)
+    if not compiled and not args.no_check:
+        print("check: none, --backend none compiles nothing (the run is the eager baseline)")
+    if compiled and not args.no_check and start < total:
+        print(f"check: compiling with {args.backend} (cold caches: minutes for ViT-B) and comparing the first batch's "
+              f"loss with eager...", flush=True)
         t0 = time.perf_counter()
         first = to_device(batches[0], device)
         with autocast, torch.compiler.set_stance("force_eager"):
@@ -346,8 +352,9 @@ def main(argv=None):
               f"(step {evals[-1]['step']}); boundary IoU {evals[0]['val_boundary_iou']:.4f} -> "
               f"{evals[-1]['val_boundary_iou']:.4f}")
     n_layers = core.config.vision_config.num_hidden_layers
-    print(f"attention blocks fused by samhq: {fused} (vision encoder has {n_layers} attention layers; "
-          f"counted per compiled graph)")
+    why = {"samhq": "counted per compiled graph", "none": "--backend none: nothing compiled"}.get(
+        args.backend, f"--backend {args.backend}: samhq not used")
+    print(f"attention blocks fused by samhq: {fused} (vision encoder has {n_layers} attention layers; {why})")
     print(f"wrote {ckpt}/, {log_path}, {out / 'summary.json'}{', ' + str(png) if png else ''}")
     return {"losses": losses, "times": times, "fused": fused, "evals": evals, "checkpoint": ckpt,
             "final": final_metrics, "steps": total}

@@ -324,3 +324,20 @@ def test_train_at_a_smaller_image_size_resume_and_segment(tiny, tmp_path, capsys
     d = _run(lora[2:-3] + ["--no-check", "--out", str(tmp_path / "lora2"),
                            "--resume", str(tmp_path / "lora" / "checkpoint-1")])
     assert d["losses"] == c["losses"][1:]
+
+
+def test_backend_none_says_it_runs_eagerly(tiny, tmp_path, capsys):
+    # --backend none compiles nothing: no check against itself, no compile announced, nothing fused
+    import json
+
+    model_dir, data = tiny
+    result = _run(["--model", str(model_dir), "--data", str(data), "--steps", "2", "--backend", "none",
+                   "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert result["fused"] == 0 and all(np.isfinite(result["losses"]))
+    assert "vision encoder eager (--backend none: nothing compiled)" in out
+    assert "check: none, --backend none compiles nothing (the run is the eager baseline)" in out
+    assert "compiling" not in out and "check: eager loss" not in out
+    assert "attention blocks fused by samhq: 0 (vision encoder has 2 attention layers; --backend none: nothing " \
+           "compiled)" in out
+    assert json.loads((tmp_path / "summary.json").read_text())["check_abs_diff"] is None
