@@ -15,7 +15,9 @@ and remote-sensing data): the processor resizes images, masks and prompts to N, 
 position embedding and its global layers' rel-pos tables are interpolated to the N / 16 patch grid (a 1024
 checkpoint trains at 256 on 16x16 patches); its checkpoints keep that size. The vision encoder is compiled
 with --backend (samhq by default; the README's Limitations section says why not the whole model). Before
-training the compiled loss is checked against eager on the first batch. Loss: BCE + dice on the low-res mask
+training the compiled loss is checked against eager on the first batch, and a few forward + backward passes
+of that batch are timed both ways: the eager baseline's ms/step is printed beside the compiled one at the end
+(on CPU that checks correctness only: the fused kernels are CUDA's). Loss: BCE + dice on the low-res mask
 logits; AdamW, linear warm-up then cosine decay. Written under --out: checkpoint-<step>/, metrics.jsonl (loss
 per step, validation mask IoU and boundary IoU at each evaluation, before training included), curves.png and
 summary.json (ms/step, peak memory, validation IoU before and after: one run's numbers).
@@ -93,7 +95,10 @@ def parse_args(argv):
                    help="samhq.memory_budget in (0, 1]: save that fraction of the activations, recompute the rest")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dump-dir", default=None, help="write samhq graph dumps and match reports here")
-    p.add_argument("--no-check", action="store_true", help="skip the eager-vs-compiled loss check")
+    p.add_argument("--no-check", action="store_true", help="skip the eager-vs-compiled loss check and timing")
+    p.add_argument("--baseline-steps", type=int, default=3,
+                   help="with the check: time N forward + backward passes of the first batch eagerly and compiled, "
+                        "printed at the end as ms/step (no optimizer step; 0: no timing)")
     return p, p.parse_args(argv)
 
 
@@ -106,6 +111,22 @@ def predict(core, batch, grad_encoder: bool) -> torch.Tensor:
                input_boxes=batch["input_boxes"], input_points=batch.get("input_points"),
                input_labels=batch.get("input_labels"), multimask_output=False, hq_token_only=True)
     return out.pred_masks[:, 0, 0].float()
+
+
+def first_batch_ms(core, batch, grad_encoder: bool, autocast, device, steps: int) -> float:
+    """Median ms of `steps` forward + backward passes on one batch, after one untimed pass (the compile, or a
+    warm-up). Gradients are dropped and no optimizer step is taken: the weights stay as they are."""
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        with autocast:
+            loss = loss_fn(predict(core, batch, grad_encoder), batch["target"])
+        loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        core.zero_grad(set_to_none=True)
+    return statistics.median(times[1:]) * 1e3
 
 
 def loss_fn(logits, target):
@@ -158,6 +179,8 @@ def main(argv=None):
     if args.memory_budget is not None and (args.backend != "samhq" or not 0 < args.memory_budget <= 1):
         p.error(f"--memory-budget needs --backend samhq and a number in (0, 1], got {args.memory_budget} with "
                 f"--backend {args.backend}")
+    if args.baseline_steps < 0:
+        p.error(f"--baseline-steps must be 0 or more, got {args.baseline_steps}")
     spec = args.model or (f"random:{args.size}" if args.full else "random:tiny")
     bf16 = device.type == "cuda" if args.bf16 is None else args.bf16
     torch.set_float32_matmul_precision("high")  # TF32 where the GPU has it, as most fine-tuning runs do
@@ -276,7 +299,7 @@ def main(argv=None):
 
     if start == 0:
         run_eval(0)
-    check_diff = None
+    check_diff = eager_ms = compiled_ms = None
     if not compiled and not args.no_check:
         print("check: none, --backend none compiles nothing (the run is the eager baseline)")
     if compiled and not args.no_check and start < total:
@@ -291,6 +314,15 @@ def main(argv=None):
         check_diff = abs(eager_loss - compiled_loss)
         print(f"check: eager loss {eager_loss:.6f}, compiled loss {compiled_loss:.6f}, "
               f"|diff| {check_diff:.2e} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if args.baseline_steps > 0:
+            try:
+                with torch.compiler.set_stance("force_eager"):
+                    eager_ms = first_batch_ms(core, first, grad_encoder, autocast, device, args.baseline_steps)
+            except torch.cuda.OutOfMemoryError:  # eager holds every N x N attention matrix; the run need not
+                core.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                print(f"check: eager forward + backward ran out of GPU memory at batch {args.batch}: no baseline")
+            compiled_ms = first_batch_ms(core, first, grad_encoder, autocast, device, args.baseline_steps)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -335,6 +367,7 @@ def main(argv=None):
         "train": args.train, "backend": args.backend, "model": spec, "image_size": image_size, "batch": args.batch,
         "steps": total,
         "bf16": bf16, "device": str(device), "fused": fused, "check_abs_diff": check_diff,
+        "first_batch_eager_ms": eager_ms, "first_batch_compiled_ms": compiled_ms,
         "ms_per_step": statistics.median(steady) * 1e3, "first_step_s": times[0] if times else None,
         "peak_mib": peak_memory_mib(device), "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
@@ -346,6 +379,15 @@ def main(argv=None):
         print(f"loss: {losses[0]:.4f} -> {losses[-1]:.4f}")
         print(f"step time: first {times[0]:.1f} s, then median {summary['ms_per_step']:.1f} ms "
               f"({args.batch * 1e3 / summary['ms_per_step']:.1f} img/s)")
+    if compiled_ms is not None:
+        eager = "out of memory" if eager_ms is None else f"{eager_ms:.1f} ms/step"
+        # on CPU the ratio would read as a speed-up it is not (the note below)
+        ratio = "" if eager_ms is None or device.type != "cuda" else f" ({eager_ms / compiled_ms:.2f}x eager's speed)"
+        print(f"first batch, forward + backward, median of {args.baseline_steps} (no optimizer step): eager {eager}, "
+              f"{args.backend} {compiled_ms:.1f} ms/step{ratio}")
+    if device.type == "cpu" and args.backend == "samhq":
+        print("note: on CPU samhq is checked for correctness, not speed: its fused kernels need a CUDA GPU (on CPU "
+              "the fused op runs a blocked PyTorch reference)")
     print(f"peak memory: {summary['peak_mib']:.0f} MiB ({'GPU allocated' if device.type == 'cuda' else 'process RSS'})")
     if evals:
         print(f"validation mask IoU: {evals[0]['val_iou']:.4f} (step {evals[0]['step']}) -> {evals[-1]['val_iou']:.4f} "

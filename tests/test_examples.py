@@ -35,6 +35,9 @@ def test_finetune_example_trains_with_fused_attention(tmp_path, capsys):
     assert (tmp_path / "data" / "images").is_dir() and (tmp_path / "checkpoint-3" / "model").is_dir()
     out = capsys.readouterr().out
     assert "check: eager loss" in out and "attention blocks fused by samhq: 2" in out
+    # the eager baseline's ms/step beside samhq's, and what CPU numbers are worth
+    assert "first batch, forward + backward, median of 3 (no optimizer step): eager " in out
+    assert "note: on CPU samhq is checked for correctness, not speed" in out
 
 
 def test_whole_samhq_model_builder_fuses_on_cpu(tmp_path):

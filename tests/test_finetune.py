@@ -341,3 +341,27 @@ def test_backend_none_says_it_runs_eagerly(tiny, tmp_path, capsys):
     assert "attention blocks fused by samhq: 0 (vision encoder has 2 attention layers; --backend none: nothing " \
            "compiled)" in out
     assert json.loads((tmp_path / "summary.json").read_text())["check_abs_diff"] is None
+
+
+def test_eager_baseline_is_timed_without_changing_the_run(tiny, tmp_path, capsys):
+    # the check times forward + backward of the first batch eagerly and compiled; no weight moves, so the run's
+    # losses are those of a run without it (LoRA: gradients reach the encoder's adapters too)
+    import json
+
+    model_dir, data = tiny
+    common = ["--model", str(model_dir), "--data", str(data), "--train", "lora", "--steps", "2", "--eval-every", "2"]
+    timed = _run(common + ["--out", str(tmp_path / "timed"), "--baseline-steps", "2"])
+    out = capsys.readouterr().out
+    plain = _run(common + ["--out", str(tmp_path / "plain"), "--no-check"])
+    assert timed["losses"] == plain["losses"] and timed["fused"] == 2
+    summary = json.loads((tmp_path / "timed" / "summary.json").read_text())
+    eager, compiled = summary["first_batch_eager_ms"], summary["first_batch_compiled_ms"]
+    assert eager > 0 and compiled > 0
+    assert (f"first batch, forward + backward, median of 2 (no optimizer step): eager {eager:.1f} ms/step, samhq "
+            f"{compiled:.1f} ms/step\n") in out  # no speed ratio on CPU
+    assert ("note: on CPU samhq is checked for correctness, not speed: its fused kernels need a CUDA GPU (on CPU the "
+            "fused op runs a blocked PyTorch reference)") in out
+    assert json.loads((tmp_path / "plain" / "summary.json").read_text())["first_batch_eager_ms"] is None
+    with pytest.raises(SystemExit):
+        finetune_samhq.main(["--baseline-steps", "-1", "--out", str(tmp_path / "bad")])
+    assert "--baseline-steps must be 0 or more, got -1" in capsys.readouterr().err
