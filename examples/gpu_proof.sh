@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU proof of examples/finetune_samhq.py: each --train recipe (decoder, lora, full) with --backend samhq and
 # --backend inductor, a few dozen bf16 steps on a random-init SAM-HQ ViT-B saved with save_pretrained (no real
-# checkpoint is reachable offline) and a generated 1024x1024 mask folder; then one table of ms/step, peak
-# memory and validation IoU before / after, from each run's summary.json.
+# checkpoint is reachable offline) and a generated 1024x1024 mask folder; then one table of ms/step, the first
+# batch's forward + backward eager and compiled (the run's check), peak memory and validation IoU before / after,
+# from each run's summary.json.
 #
 #   bash examples/gpu_proof.sh                      # all three recipes, 30 steps, batch 4
 #   STEPS=40 BATCH=2 bash examples/gpu_proof.sh decoder full
@@ -54,20 +55,23 @@ for mode in $MODES; do
             --backend "$backend" --steps "$STEPS" --batch "$BATCH" --bf16 --eval-every "$STEPS" --out "$run" \
             ${IMAGE_SIZE:+--image-size "$IMAGE_SIZE"} $EXTRA \
             > "$run.log" 2>&1 || { echo "FAILED (exit $?):"; tail -20 "$run.log"; }
-        grep -E "^check:|^attention blocks" "$run.log" | grep -v compiling
+        grep -E "^check:|^first batch|^attention blocks" "$run.log" | grep -v compiling
     done
 done
 
 python - "$WORK" <<'EOF'
 import json, pathlib, sys
 rows = sorted(pathlib.Path(sys.argv[1]).glob("*/summary.json"))
-print(f"\n{'recipe':8} {'backend':9} {'size':>4} {'fused':>5} {'ms/step':>8} {'peak MiB':>9} {'check diff':>10} "
+print(f"\n{'recipe':8} {'backend':9} {'size':>4} {'fused':>5} {'ms/step':>8} {'fwd+bwd eager / compiled':>24} "
+      f"{'peak MiB':>9} {'check diff':>10} "
       f"{'val IoU before -> after':>24} {'boundary IoU before -> after':>29}")
 for path in rows:
     s = json.loads(path.read_text())
     diff = "-" if s["check_abs_diff"] is None else f"{s['check_abs_diff']:.1e}"
+    fb = " / ".join("-" if s.get(f"first_batch_{k}_ms") is None else f"{s[f'first_batch_{k}_ms']:.1f}"
+                    for k in ("eager", "compiled"))
     print(f"{s['train']:8} {s['backend']:9} {s.get('image_size', '-'):>4} {s['fused']:5} {s['ms_per_step']:8.1f} "
-          f"{s['peak_mib']:9.0f} {diff:>10} "
+          f"{fb:>24} {s['peak_mib']:9.0f} {diff:>10} "
           f"{s.get('val_iou_before', float('nan')):12.4f} -> {s.get('val_iou_after', float('nan')):.4f} "
           f"{s.get('val_boundary_iou_before', float('nan')):17.4f} -> {s.get('val_boundary_iou_after', float('nan')):.4f}")
 EOF
