@@ -21,8 +21,8 @@ Options (keys of `options`; an option beats its environment variable, which beat
                        "auto", default      kernels Inductor compiles and launches itself; static key grids
                        "auto"               only (SAMHQ_FX_TRITON_OP=1). False: the opaque op, which
                                             launches them itself (SAMHQ_FX_TRITON_OP=0). "auto": the
-                                            triton_op one where the grid is static and the GPU is a Hopper
-                                            (op.kernels_verified_for), unless the mode captures CUDA graphs;
+                                            triton_op one for static grids on any CUDA GPU (placement.py),
+                                            unless the mode captures CUDA graphs or compiled autograd is on;
                                             the opaque op everywhere else (SAMHQ_FX_TRITON_OP=auto)
     samhq.host_indices bool, default True   build index tensors that the model makes on the host
                                             (torch.arange without a device, as SAM's get_rel_pos does) on
