@@ -1,0 +1,99 @@
+"""The fused op called eagerly (`samhq_fx.rel_pos_attention`, forward + backward): wall time against GPU time.
+
+    python benchmarks/tools/eager_op.py [--iters 200] [--dtype bf16] [--profile OUT.txt] [--json OUT.json]
+
+Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 windows x 12 heads, 14x14), head dim 64,
+batch 1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the
+host's issue rate and the GPU's work overlap as in a training loop). GPU time: the sum of the kernels' durations per
+call (torch.profiler, CUPTI). `--profile` adds cProfile's top host functions of the same loop. A call is
+host-bound when wall > GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+
+import samhq_fx
+
+SHAPES = {"global": (12, 64, 64), "windows": (300, 14, 14)}  # (batch * heads, key-grid rows, columns)
+
+
+def inputs(b: int, h: int, w: int, dtype: torch.dtype, d: int = 64):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = h * w
+    shapes = [(b, n, d), (b, n, d), (b, n, d), (b, n, h), (b, n, w)]
+    return [torch.randn(s, device="cuda", dtype=dtype, generator=g).requires_grad_() for s in shapes]
+
+
+def step(ts, dout):
+    out = samhq_fx.rel_pos_attention(*ts)
+    out.backward(dout)
+
+
+def wall_ms(ts, dout, iters: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step(ts, dout)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def gpu_ms(ts, dout, iters: int) -> tuple[float, int]:
+    """(kernel time per call in ms, launches per call)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step(ts, dout)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time for e in events)
+    return total_us / 1e3 / iters, round(len(events) / iters)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--profile", help="write cProfile's top host functions here")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    rows, report = [], io.StringIO()
+    for name, (b, h, w) in SHAPES.items():
+        ts = inputs(b, h, w, dtype)
+        dout = torch.randn_like(ts[2])
+        for _ in range(10):  # compile, allocate, warm the caches
+            step(ts, dout)
+        gpu, launches = gpu_ms(ts, dout, 20)
+        wall = min(wall_ms(ts, dout, args.iters) for _ in range(3))
+        rows.append(dict(shape=name, dtype=args.dtype, wall_ms=round(wall, 4), gpu_ms=round(gpu, 4),
+                         ratio=round(wall / gpu, 3), launches=launches, gpu=torch.cuda.get_device_name(),
+                         torch=torch.__version__, triton=__import__("triton").__version__))
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            wall_ms(ts, dout, args.iters)
+            prof.disable()
+            report.write(f"== {name}, {args.iters} calls\n")
+            pstats.Stats(prof, stream=report).sort_stats("tottime").print_stats(25)
+    if args.profile:
+        with open(args.profile, "w") as f:
+            f.write(report.getvalue())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{'shape':8s} {'dtype':5s} {'wall ms':>8s} {'GPU ms':>8s} {'wall/GPU':>8s} {'launches':>8s}")
+    for r in rows:
+        print(f"{r['shape']:8s} {r['dtype']:5s} {r['wall_ms']:8.3f} {r['gpu_ms']:8.3f} {r['ratio']:8.2f} "
+              f"{r['launches']:8d}")
+
+
+if __name__ == "__main__":
+    main()
