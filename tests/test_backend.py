@@ -6,7 +6,6 @@ import importlib.metadata
 import logging
 import os
 import re
-import sys
 from pathlib import Path
 from unittest import mock
 
@@ -14,7 +13,6 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import samhq_fx.op
 from samhq_fx.models import random_init_, tiny_vision_config
 from samhq_fx.rewrite import RelPosAttentionPass
 
@@ -23,11 +21,6 @@ from helpers import fresh_compile_state, rel_err
 # The rewrite followed by aot_eager instead of Inductor: the same matcher, op and autograd, without
 # minutes of C++ compilation on CI's two cores. Tests marked INDUCTOR run the real pipeline.
 FAST = {"samhq.inductor": False}
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))
-import sol076  # noqa: E402
-from saved_activations import saved_bytes  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -92,26 +85,6 @@ def _capture_compile_fx(monkeypatch) -> dict:
 
     monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
     return seen
-
-
-def test_samhq_mode_with_other_options_runs_through_torch_compile(tmp_path, monkeypatch):
-    # torch.compile refuses mode= with options= whatever the backend; options={"samhq.mode": ...} is the
-    # documented spelling for a mode plus samhq options, and reaches Inductor as that mode's settings
-    seen = _capture_compile_fx(monkeypatch)
-    fresh_compile_state()
-    grad_output, *inputs = sol076.make_inputs(4, 4, 2, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(RuntimeError, match="Either mode or options"):
-        torch.compile(sol076.attention_layer, backend="samhq", mode="reduce-overhead",
-                      options={"samhq.dump_dir": str(tmp_path)})
-    options = {"samhq.mode": "reduce-overhead", "samhq.dump_dir": str(tmp_path)}
-    layer = torch.compile(sol076.attention_layer, backend="samhq", options=options)
-    got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-    assert seen["triton.cudagraphs"] is True  # reduce-overhead's setting
-    assert seen["pre_grad_custom_pass"].triton_op is False  # "auto" keeps the opaque op under CUDA graphs
-    assert counters["samhq"]["fused"] == 1 and (tmp_path / "graph_1_report.txt").exists()
-    ref = sol076.float64_gradients(grad_output, *inputs)
-    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
-        assert rel_err(g, r) < 1e-5, name
 
 
 def test_mode_errors_name_what_conflicts(monkeypatch):
@@ -327,70 +300,6 @@ def test_disable_env_var_gives_plain_inductor(monkeypatch):
     assert rel_err(out.last_hidden_state, model(x).last_hidden_state) < 1e-5
 
 
-def test_sol076_layer_all_seven_gradients_against_float64():
-    fresh_compile_state()
-    grad_output, *inputs = sol076.make_inputs(7, 7, 1, generator=torch.Generator().manual_seed(0))
-    layer = torch.compile(sol076.attention_layer, backend="samhq", fullgraph=True)
-    got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-    assert counters["samhq"]["fused"] == 1
-    ref = sol076.float64_gradients(grad_output, *inputs)
-    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
-        assert rel_err(g, r) < 1e-5, name
-    assert sol076.check(got, ref, atol=sol076.WORKLOADS[(7, 7, 1)]) == (True, "ok")
-
-
-def test_new_image_sizes_stay_fused_under_automatic_dynamic_shapes():
-    # A second resolution makes Dynamo recompile with symbolic H, W (automatic dynamic shapes). The
-    # rewrite must hold on that graph too, or every later size silently runs the O(N^2) attention.
-    fresh_compile_state()
-    layer = torch.compile(sol076.attention_layer, backend="samhq")
-    for i, (h, w) in enumerate([(4, 4), (5, 6), (7, 3), (4, 4)]):
-        grad_output, *inputs = sol076.make_inputs(h, w, 2, generator=torch.Generator().manual_seed(i))
-        got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-        ref = sol076.float64_gradients(grad_output, *inputs)
-        for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
-            assert rel_err(g, r) < 1e-5, (h, w, name)
-    assert counters["samhq"]["graphs"] == 2  # static 4x4, then one dynamic graph for every other size
-    assert counters["samhq"]["fused"] == 2 and counters["samhq"]["skipped"] == 0
-
-
-def test_triton_op_option_emits_the_inductor_compiled_registration(tmp_path):
-    # samhq.triton_op: the rewrite emits samhq::rel_pos_attention_inductor, which Inductor traces into
-    # (on CPU its body calls the reference); the numbers are the same op's.
-    fresh_compile_state()
-    grad_output, *inputs = sol076.make_inputs(4, 5, 2, generator=torch.Generator().manual_seed(1))
-    options = {"samhq.triton_op": True, "samhq.dump_dir": str(tmp_path)}
-    layer = torch.compile(sol076.attention_layer, backend="samhq", options=options)
-    got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-    after = (tmp_path / "graph_1_after.py").read_text()
-    assert "samhq.rel_pos_attention_inductor.default" in after
-    ref = sol076.float64_gradients(grad_output, *inputs)
-    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
-        assert rel_err(g, r) < 1e-5, name
-
-
-def test_triton_op_auto_picks_the_registration_per_grid(tmp_path, monkeypatch):
-    # "auto": the triton_op registration for a static key grid (graph 1, 4x4), the opaque op once Dynamo
-    # recompiles with symbolic H, W (graph 2, 5x6), which the triton_op one cannot take. On CPU "auto" would
-    # keep the opaque op throughout (the kernels are verified for Hopper only): pretend this device is one.
-    monkeypatch.setattr(samhq_fx.op, "kernels_verified_for", lambda device: True)
-    fresh_compile_state()
-    layer = torch.compile(sol076.attention_layer, backend="samhq",
-                          options={"samhq.triton_op": "auto", "samhq.dump_dir": str(tmp_path)})
-    for i, (h, w) in enumerate([(4, 4), (5, 6)]):
-        grad_output, *inputs = sol076.make_inputs(h, w, 2, generator=torch.Generator().manual_seed(i))
-        got = torch.autograd.grad(layer(*inputs), inputs, grad_output)
-        ref = sol076.float64_gradients(grad_output, *inputs)
-        for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
-            assert rel_err(g, r) < 1e-5, (h, w, name)
-    assert counters["samhq"]["graphs"] == 2 and counters["samhq"]["fused"] == 2
-    assert "samhq.rel_pos_attention_inductor.default" in (tmp_path / "graph_1_after.py").read_text()
-    second = (tmp_path / "graph_2_after.py").read_text()
-    assert "samhq.rel_pos_attention.default" in second and "rel_pos_attention_inductor" not in second
-    monkeypatch.undo()
-    assert not samhq_fx.op.kernels_verified_for(torch.device("cpu"))
-
-
 def test_pass_survives_deepcopy_after_running():
     # Inductor deep-copies its config (the pass included) after the backend has run the pass.
     import copy
@@ -483,33 +392,6 @@ def test_user_kernels_launch_statically_unless_the_user_says_otherwise():
         launch_user_kernels_statically(patches)
         assert patches == {"static_launch_user_defined_triton_kernels": True}
         assert os.environ[env] == "1"  # Inductor's compile workers read it from their environment
-
-
-@pytest.mark.parametrize("options", [FAST, {}])
-def test_memory_budget_recomputes_instead_of_saving(options):
-    # samhq.memory_budget: AOTAutograd's partitioner keeps a fraction of what it saves by default and recomputes
-    # the rest in the backward, for this compile only; every block still fused, gradients unchanged
-    import torch._functorch.config as functorch_config
-
-    model = _vision_model("sam_hq", "eager", image_size=64, patch_size=8, num_hidden_layers=2, mlp_dim=128)
-    x = torch.randn(2, 3, 64, 64)
-    ref, ref_grads = _loss_and_grads(model, model, x)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-    for budget in (None, 0.2):
-        fresh_compile_state()
-        compiled = torch.compile(model, backend="samhq", options={**options, "samhq.memory_budget": budget})
-        model.zero_grad()
-        out, weights, rest = saved_bytes(compiled, x, params)
-        saved[budget] = weights + rest
-        out.last_hidden_state.pow(2).mean().backward()
-        assert counters["samhq"]["fused"] == 2, budget
-        assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5, budget
-        for name, p in model.named_parameters():
-            if name in ref_grads:
-                assert rel_err(p.grad, ref_grads[name]) < 1e-4, (budget, name)
-    assert 0 < saved[0.2] < 0.6 * saved[None], saved
-    assert functorch_config.activation_memory_budget == 1.0  # set for the compile only
 
 
 def test_memory_budget_errors_name_the_option(monkeypatch):

@@ -660,3 +660,47 @@ def test_saved_activations_tool_splits_parameters_from_the_rest(tmp_path):
     assert all(r["fused"] == 2 for r in rows)
     assert 0 < rows[1]["saved_rest_mib"] < rows[0]["saved_rest_mib"]
     assert json.loads((tmp_path / "saved.json").read_text())["rows"] == rows
+
+
+@pytest.mark.parametrize("options", [{"samhq.inductor": False}, {}])
+def test_memory_budget_recomputes_instead_of_saving(options):
+    # samhq.memory_budget, counted with saved_activations.saved_bytes: AOTAutograd's partitioner keeps a fraction of
+    # what it saves by default and recomputes the rest in the backward, for this compile only; every block still
+    # fused, gradients unchanged
+    pytest.importorskip("transformers")
+    import torch._functorch.config as functorch_config
+    from saved_activations import saved_bytes
+    from torch._dynamo.utils import counters
+    from transformers import SamHQVisionModel
+
+    from samhq_fx.models import random_init_, tiny_vision_config
+
+    from helpers import fresh_compile_state, rel_err
+
+    cfg = tiny_vision_config("eager", image_size=64, patch_size=8, num_hidden_layers=2, mlp_dim=128)
+    model = random_init_(SamHQVisionModel(cfg), rel_pos_std=0.5)
+    x = torch.randn(2, 3, 64, 64)
+
+    def loss_and_grads(fn):
+        model.zero_grad()
+        out = fn(x)
+        out.last_hidden_state.pow(2).mean().backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref, ref_grads = loss_and_grads(model)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+    for budget in (None, 0.2):
+        fresh_compile_state()
+        compiled = torch.compile(model, backend="samhq", options={**options, "samhq.memory_budget": budget})
+        model.zero_grad()
+        out, weights, rest = saved_bytes(compiled, x, params)
+        saved[budget] = weights + rest
+        out.last_hidden_state.pow(2).mean().backward()
+        assert counters["samhq"]["fused"] == 2, budget
+        assert rel_err(out.last_hidden_state, ref.last_hidden_state) < 1e-5, budget
+        for name, p in model.named_parameters():
+            if name in ref_grads:
+                assert rel_err(p.grad, ref_grads[name]) < 1e-4, (budget, name)
+    assert 0 < saved[0.2] < 0.6 * saved[None], saved
+    assert functorch_config.activation_memory_budget == 1.0  # set for the compile only
