@@ -46,7 +46,7 @@ except ImportError:  # run from the repo root without the package installed
 HEADS, D = 12, 64
 MODES = {"bf16": (torch.bfloat16, "highest"), "fp32-tf32": (torch.float32, "high"),
          "fp32-highest": (torch.float32, "highest")}
-# SOL-ExecBench L2/076 workloads: (grid side, batch); see shared/reference/sol_execbench_076.md
+# SOL-ExecBench L2/076 workloads: (grid side, batch); sol076/definition.py
 SOL = [(7, 1), (7, 64), (14, 1), (14, 2), (14, 8), (16, 1), (16, 32), (28, 4), (32, 1), (32, 2),
        (32, 4), (32, 8), (48, 1), (48, 2), (56, 1), (64, 4)]
 

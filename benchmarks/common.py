@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmark scripts (sol_execbench_076.py, train_step.py, inference.py).
+"""Shared helpers for the benchmark scripts (train_step.py, inference.py, sol076/compare_impls.py, sol076/time_entry.py).
 
 What lives here, once:
   * environment/version info for the JSON header (`env_info`);

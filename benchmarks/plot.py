@@ -6,7 +6,7 @@
     python benchmarks/plot.py --default-mode OUT.png benchmarks/results/profile_host_*.json   # host vs GPU per build
 
 Everything here reads result rows (dicts from the runners' JSON), nothing else: the runners
-(sol_execbench_076.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
+(sol076/compare_impls.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
 can be redrawn from a results file without the code that timed it.  Orders come from the rows (workloads by
 size, implementations as they first appear).
 Merging: rows are keyed by (precision, workload, impl) for sol076, (model, impl, batch, dtype) for train_step and

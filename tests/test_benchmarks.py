@@ -3,7 +3,7 @@
 The scripts are imported and their main(argv) called in this process (one torch import, one Inductor warm-up
 for all tests).  --quick mode: CPU, tiny shapes, one call, no profiler / L2 flush, wall time only.  Also unit
 tests of the pieces that only run on the GPU but can be checked without one (splitting a profiler trace into
-calls) and of the extra layers the runner adds (SDPA and FlexAttention variants of the sol076 layer).
+calls). The SOL-ExecBench 076 runners' tests are tests/test_sol076.py and tests/test_sol076_solution.py.
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"))  # sol076_exact
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))  # sweep_kernels
 
 import common  # noqa: E402
 import plot  # noqa: E402
-import sol076  # noqa: E402
-import sol_execbench_076 as bench  # noqa: E402
 
 HAVE_SAMHQ = common.samhq_available()
 
@@ -151,33 +148,6 @@ def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
         impls.parse("samhq,bogus", ())
 
 
-def test_sdpa_and_flex_layers_match_reference():
-    args = sol076.make_inputs(4, 6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    ref = sol076.layer_backward(*args)
-    got = sol076.layer_backward(*args, layer=bench.sdpa_layer)
-    ok, why = sol076.check(got, ref, atol=1e-5, rtol=1e-5)
-    assert ok, why
-    # FlexAttention has no CPU backward; its forward (eager, unfused) checks the score_mod indexing
-    inputs = [t.detach() for t in args[1:]]
-    torch.testing.assert_close(bench.flex_layer(*inputs), sol076.attention_layer(*inputs), rtol=1e-6, atol=1e-6)
-
-
-def test_parse_args():
-    a = bench.parse_args(["--workloads", "64x64x4,7x7x1", "--impls", "fast", "--precision", "all"])
-    assert list(a.workloads) == [(64, 64, 4), (7, 7, 1)]
-    assert "inductor-max-autotune" not in a.impls and len(a.impls) == len(bench.IMPLS) - 1
-    assert a.precision == ("highest", "high", "medium")
-    assert bench.parse_args([]).precision == ("high",)
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--workloads", "5x5x5"])
-    # --cells (one GPU's share under --gpus): exactly those cells, the loops cover their union
-    c = bench.parse_args(["--cells", "high/7x7x1/samhq;medium/64x64x4/flex"])
-    assert c.cells == {("high", "7x7x1", "samhq"), ("medium", "64x64x4", "flex")}
-    assert c.precision == ("high", "medium") and set(c.impls) == {"samhq", "flex"}
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--cells", "high/7x7x1"])
-
-
 def test_shard_balances_cost():
     cost = {"a": 90, "b": 20, "c": 20, "d": 20, "e": 20, "f": 3}.__getitem__
     shards = common.shard(list("abcdef"), cost, 3)
@@ -226,52 +196,6 @@ def test_run_on_gpus_merges_each_gpus_rows(tmp_path, monkeypatch):
 def test_gpus_capped_at_visible_devices():
     assert common.usable_gpus(4, torch.device("cpu")) == 1
     assert common.usable_gpus(1, torch.device("cpu")) == 1
-
-
-def test_sol076_cells_runs_only_those(tmp_path):
-    p = bench.main(["--quick", "--cells", "high/7x7x1/eager;high/4x4x2/eager", "--out", str(tmp_path)])
-    assert sorted((r["workload"], r["impl"], r["status"]) for r in p["results"]) == [
-        ("4x4x2", "eager", "PASS"), ("7x7x1", "eager", "PASS")]
-
-
-# ------------------------------------------------------------------------------------------- sol076 runner
-def test_sol076_budget_and_resume(tmp_path, capsys):
-    # eager only: fast.  A zero-ish budget skips everything but still writes the JSON.
-    p = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path), "--time-budget", "1e-9"])
-    assert p["results"] == [] and len(p["skipped"]) == 1
-    p = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path)])
-    (row,) = p["results"]
-    assert row["status"] == "PASS" and row["wall_us"] > 0
-    # resuming from that file runs nothing new and keeps the row
-    path = str(tmp_path / bench.RESULTS_NAME)
-    p2 = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path), "--resume", path])
-    assert p2["results"] == [row] and p2["skipped"] == []
-    # plot.py re-reads and merges results files; without matplotlib it says so instead of failing
-    plot.main([path, path])
-    out = capsys.readouterr().out
-    assert "7x7x1" in out and ("matplotlib not importable" in out or "wrote" in out)
-
-
-def test_sol076_quick(tmp_path, capsys):
-    """The CI smoke run: 7x7x1 with eager, inductor and samhq on CPU; every row checked against fp64."""
-    p = bench.main(["--quick", "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    on_disk = json.loads((tmp_path / bench.RESULTS_NAME).read_text())
-    assert on_disk["results"] == json.loads(json.dumps(p["results"], default=str))
-    assert on_disk["env"]["torch"] == torch.__version__ and "method" in on_disk
-    impls = {r["impl"]: r for r in p["results"]}
-    assert set(impls) == {"eager", "inductor", "samhq"}
-    for name in ("eager", "inductor"):
-        assert impls[name]["status"] == "PASS", impls[name]["detail"]
-        assert impls[name]["wall_us"] > 0
-        assert (impls[name]["span_us"] is None) == (not torch.cuda.is_available())  # no profiler on CPU
-    if HAVE_SAMHQ:
-        assert impls["samhq"]["status"] == "PASS", impls["samhq"]["detail"]
-        assert impls["samhq"]["fused"] >= 1
-    else:  # backend not registered: recorded as an error, the run still completes
-        assert impls["samhq"]["status"] == "ERROR"
-    assert p["summary"]["high"]["eager"]["n_pass"] == 1
-    assert "suite" in out and "samhq fused attention blocks" in out
 
 
 # ------------------------------------------------------------------------------------------- train step
@@ -431,67 +355,8 @@ def test_inference_rotates_the_default_mode_compiled_cells(tmp_path):
 def test_plot_imports_no_runner():
     # charts depend on results only: plot.py must not import the scripts that produce them
     src = (Path(plot.__file__)).read_text()
-    for runner in ("sol_execbench_076", "train_step", "inference", "bench_attention_core", "common"):
+    for runner in ("compare_impls", "time_entry", "train_step", "inference", "bench_attention_core", "common"):
         assert not re.search(rf"^\s*(import|from)\s+{runner}\b", src, re.M), runner
-
-
-# ------------------------------------------------------------------------------------------- 076 by its rules
-def test_sol076_exact_fresh_copies_are_distinct():
-    import sol076_exact as exact
-
-    inputs = sol076.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(0))
-    copies = exact.fresh_copies(inputs, 3)
-    ptrs = {t.data_ptr() for c in copies for t in c} | {t.data_ptr() for t in inputs}
-    assert len(ptrs) == 4 * len(inputs)  # no two calls (nor the original) share an address
-    for c in copies:
-        assert [t.requires_grad for t in c] == [t.requires_grad for t in inputs]
-        assert all(a.is_leaf and torch.equal(a, b) for a, b in zip(c, inputs))
-
-
-def test_sol076_exact_targets_and_summary():
-    """The target lines read the right cells: a suite mean only when all 16 passed; wins counted per workload."""
-    import sol076_exact as exact
-
-    rows = []
-    for k, wl in enumerate(map(bench.wl_name, sol076.WORKLOADS)):
-        rows.append({"precision": "high", "workload": wl, "impl": "inductor-reduce-overhead", "status": "PASS",
-                     "span_us": 1000.0})
-        rows.append({"precision": "high", "workload": wl, "impl": "solution", "status": "PASS",
-                     "span_us": 1500.0 if wl == "32x32x1" else 50.0 + k, "peak_mib": 650.0})
-    summary = exact.summarize(rows)
-    s = summary["high"]["solution"]
-    assert (s["n_pass"], s["faster_than_inductor_ro"], s["n_compared"]) == (16, 15, 16)
-    t = {name.split(" ")[0] + name.split(" ")[1]: (value, met) for name, value, met in exact.targets(rows, summary)}
-    mean = (sum(50.0 + k for k in range(16)) - (50.0 + 8) + 1500.0) / 16
-    assert t["'high'mean"] == (mean, mean <= 600)
-    assert t["7x7x1span"] == (50.0, True) and t["64x64x4peak"] == (650.0, True)
-    assert t["fasterthan"] == ("15/16", False) and t["'highest'mean"] == (None, None)
-    rows[-1]["status"] = "FAIL"  # 64x64x4 fails: no suite mean, and its peak is not counted
-    t = {name.split(" ")[0] + name.split(" ")[1]: (value, met) for name, value, met in
-         exact.targets(rows, exact.summarize(rows))}
-    assert t["'high'mean"] == (None, None) and t["64x64x4peak"] == (None, None) and t["everycell"] == ("15/16", False)
-
-
-def test_sol076_exact_quick(tmp_path, capsys):
-    """CPU smoke run of the exact-rules runner: eager and the compiled entry at 4x4x2, both checked against fp64;
-    the entry is one Dynamo graph (fullgraph, no autograd)."""
-    import sol076_exact as exact
-
-    p = exact.main(["--quick", "--out", str(tmp_path)])
-    out = capsys.readouterr().out
-    on_disk = json.loads((tmp_path / exact.RESULTS_NAME).read_text())
-    assert on_disk["results"] == json.loads(json.dumps(p["results"], default=str))
-    rows = {r["impl"]: r for r in p["results"]}
-    assert set(rows) == {"eager", "solution"}
-    for r in rows.values():
-        assert r["status"] == "PASS", r["detail"]
-        assert r["wall_us"] > 0 and r["span_us"] is None  # no profiler on CPU
-    assert rows["solution"]["graphs"] == 1
-    assert "targets (solution)" in out and "every cell passes ('high')" in out
-    assert "| 4x4x2 | " in out  # the markdown table for README / NOTES
-    # resuming from that file runs nothing and keeps the rows
-    p2 = exact.main(["--quick", "--out", str(tmp_path / "again"), "--resume", str(tmp_path / exact.RESULTS_NAME)])
-    assert p2["results"] == p["results"]
 
 
 # ------------------------------------------------------------------------------- sweep_kernels bookkeeping
@@ -551,8 +416,6 @@ def test_sweep_tables_times_the_old_table_then_restores_the_new(monkeypatch, tmp
     assert [c["table"] is new for c in seen[:4]] == [False, False, True, True]  # old fwd, bwd; new fwd, bwd
     assert {"old_fwd", "old_bwd", "new_fwd", "new_bwd"} <= set(rows[0]) and set(S.VARIANTS["bf16"]) <= set(rows[0])
     assert S.K.configs.TABLE is new
-
-
 
 
 def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys):

@@ -1,10 +1,10 @@
-"""The 076 leaderboard entry (benchmarks/sol076/sol076_solution.py) against the benchmark's float64 reference.
+"""The 076 leaderboard entry (benchmarks/sol076/entry.py) against the benchmark's float64 reference.
 
 The entry is the layer's backward written by hand (no autograd), so every one of the 7 gradients is checked
-with the benchmark's rule (sol076.check) and, on CPU, far tighter (fp32 against fp64). On CPU the fused op
+with the benchmark's rule (definition.check) and, on CPU, far tighter (fp32 against fp64). On CPU the fused op
 runs either its Triton kernels under TRITON_INTERPRET (7x7x1: the path the GPU takes) or the op's CPU
 reference (larger and uneven grids: the hand-written rel-pos and projection gradients, quickly). The compiled
-entry (fullgraph, one graph) is exercised by the runner's CPU smoke test (tests/test_benchmarks.py).
+entry (fullgraph, one graph) is exercised by time_entry.py's CPU smoke test (tests/test_sol076.py).
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # sol076
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"))  # the entry
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"))
 
 import samhq_fx.op as samhq_op  # noqa: E402
-import sol076  # noqa: E402
-import sol076_solution  # noqa: E402
-import sol076_stage  # noqa: E402
+import definition  # noqa: E402
+import entry  # noqa: E402
+import entry_stage  # noqa: E402
 
 from helpers import rel_err  # noqa: E402
 
@@ -30,14 +29,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _check(wl, seed, fused="opaque"):
-    args = sol076.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(seed))
-    ref = sol076.float64_gradients(*args)
-    got = sol076_solution.make_solution(mode=None, fused=fused)(*args)
-    ok, why = sol076.check(got, ref, sol076.WORKLOADS.get(wl, sol076.WORKLOADS[(7, 7, 1)]))
+    args = definition.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(seed))
+    ref = definition.float64_gradients(*args)
+    got = entry.make_solution(mode=None, fused=fused)(*args)
+    ok, why = definition.check(got, ref, definition.WORKLOADS.get(wl, definition.WORKLOADS[(7, 7, 1)]))
     assert ok, f"{wl}: {why}"
     assert not any(g.requires_grad for g in got)  # no autograd graph built: gradients are computed, not traced
     if DEVICE == "cpu":  # fp32 everywhere: far inside the benchmark's tolerance
-        for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
+        for name, g, r in zip(definition.INPUT_NAMES, got, ref):
             assert rel_err(g, r) < 2e-5, name
     return got
 
@@ -62,10 +61,10 @@ def test_entry_matches_float64(wl):
 
 def test_triton_op_registration_gives_the_same_gradients():
     """fused="triton_op" (what "auto" picks on Hopper) computes the same values as the opaque op."""
-    args = sol076.make_inputs(3, 5, 2, device=DEVICE, generator=torch.Generator().manual_seed(2))
-    a = sol076_solution.make_solution(mode=None, fused="opaque")(*args)
-    b = sol076_solution.make_solution(mode=None, fused="triton_op")(*args)
-    for name, x, y in zip(sol076.INPUT_NAMES, a, b):
+    args = definition.make_inputs(3, 5, 2, device=DEVICE, generator=torch.Generator().manual_seed(2))
+    a = entry.make_solution(mode=None, fused="opaque")(*args)
+    b = entry.make_solution(mode=None, fused="triton_op")(*args)
+    for name, x, y in zip(definition.INPUT_NAMES, a, b):
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
 
 
@@ -73,19 +72,19 @@ def test_batch_chunks_give_the_same_gradients():
     """max_rows splits the batch into chunks of whole images (here 2 + 1): the input gradient equals the
     unchunked one, the summed weight and table gradients differ only by fp32 summation order, and all 7 still
     match float64; a second call gives the same bits."""
-    args = sol076.make_inputs(4, 6, 3, device=DEVICE, generator=torch.Generator().manual_seed(5))
+    args = definition.make_inputs(4, 6, 3, device=DEVICE, generator=torch.Generator().manual_seed(5))
     per_image = 12 * 4 * 6  # heads x queries
-    whole = sol076_solution.make_solution(mode=None, fused="opaque")(*args)
-    chunked = sol076_solution.make_solution(mode=None, fused="opaque", max_rows=2 * per_image + 1)
+    whole = entry.make_solution(mode=None, fused="opaque")(*args)
+    chunked = entry.make_solution(mode=None, fused="opaque", max_rows=2 * per_image + 1)
     got, again = chunked(*args), chunked(*args)
-    ref = sol076.float64_gradients(*args)
-    for name, g, w, a, r in zip(sol076.INPUT_NAMES, got, whole, again, ref):
+    ref = definition.float64_gradients(*args)
+    for name, g, w, a, r in zip(definition.INPUT_NAMES, got, whole, again, ref):
         assert g.shape == w.shape, name
         assert torch.equal(g, a), name
         assert rel_err(g, w) < 1e-6, name
         if DEVICE == "cpu":
             assert rel_err(g, r) < 2e-5, name
-    ok, why = sol076.check(got, ref, sol076.WORKLOADS[(7, 7, 1)])
+    ok, why = definition.check(got, ref, definition.WORKLOADS[(7, 7, 1)])
     assert ok, why
 
 
@@ -96,15 +95,15 @@ def test_bf16_compute_passes_the_benchmark_rule_with_margin(wl, max_rows, margin
     reference measures 0.01-0.33 on the small workloads), and in batch chunks on an odd grid held to 7x7x1's
     atol. The two bias gradients that bf16 terms would break (sums
     over all tokens, |sum| >> atol) come out of fp32 sums of grad_output: d proj_bias = sum_t g_t exactly."""
-    args = sol076.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(6))
-    got = sol076_solution.make_solution(mode=None, fused="opaque", compute="bf16", max_rows=max_rows)(*args)
-    ref = sol076.float64_gradients(*args)
-    atol = sol076.WORKLOADS.get(wl, sol076.WORKLOADS[(7, 7, 1)])
+    args = definition.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(6))
+    got = entry.make_solution(mode=None, fused="opaque", compute="bf16", max_rows=max_rows)(*args)
+    ref = definition.float64_gradients(*args)
+    atol = definition.WORKLOADS.get(wl, definition.WORKLOADS[(7, 7, 1)])
     assert all(g.dtype == torch.float32 for g in got)
-    ok, why = sol076.check(got, ref, atol)
+    ok, why = definition.check(got, ref, atol)
     assert ok, why
-    for name, g, r in zip(sol076.INPUT_NAMES, got, ref):
-        ratio = ((g.double() - r).abs() / (atol + sol076.RTOL * r.abs())).flatten()
+    for name, g, r in zip(definition.INPUT_NAMES, got, ref):
+        ratio = ((g.double() - r).abs() / (atol + definition.RTOL * r.abs())).flatten()
         assert ratio.quantile(0.99).item() < margin, name
     g_sum = args[0].double().reshape(-1, 768).sum(0)
     assert rel_err(got[4], g_sum) < 1e-5  # proj_bias
@@ -123,7 +122,7 @@ def _assert_cast(got, want, name):
 
 
 def test_stage_kernel_writes_every_buffer():
-    """sol076_stage's one kernel (interpreted on CPU): every buffer it owns, poisoned first, holds the cast
+    """entry_stage's one kernel (interpreted on CPU): every buffer it owns, poisoned first, holds the cast
     input; the projection weight also in fp32, bit for bit; grad_output's partial column sums add up to its
     column sums; the tables' padding rows stay zero. Odd sizes: 70 tokens (3 row blocks, the last partial),
     300 columns (two 256-column tiles, the last partial), 9 + 13 table rows padded to 24."""
@@ -133,12 +132,12 @@ def test_stage_kernel_writes_every_buffer():
     wq, bq = torch.randn(3 * C, C, generator=gen), torch.randn(3 * C, generator=gen)
     wp = torch.randn(C, C, generator=gen)
     rh, rw = torch.randn(2 * H - 1, D, generator=gen), torch.randn(2 * W - 1, D, generator=gen)
-    bufs = sol076_stage.stage_buffers(g, wq, rh, rw)
+    bufs = entry_stage.stage_buffers(g, wq, rh, rw)
     for name, t in bufs.items():
         if name != "tables16":
             t.fill_(float("nan"))
     bufs["tables16"][:2 * H - 1 + 2 * W - 1].fill_(float("nan"))
-    sol076_stage.stage(bufs, g, x, wq, bq, wp, rh, rw)
+    entry_stage.stage(bufs, g, x, wq, bq, wp, rh, rw)
     assert bufs["tables16"].shape == (24, D)
     tab, rows_h = bufs["tables16"], 2 * H - 1
     for name, got, want in (("g16", bufs["g16"], g), ("x16", bufs["x16"], x), ("wq16", bufs["wq16"], wq),
@@ -148,36 +147,36 @@ def test_stage_kernel_writes_every_buffer():
     assert (tab[2 * H - 1 + 2 * W - 1:] == 0).all()  # padding rows: zero, never written
     part = bufs["g_part"]
     assert part.shape == (3, C) and torch.isfinite(part).all()
-    blocks = g.reshape(-1, C).split(sol076_stage.BLOCK_R)
+    blocks = g.reshape(-1, C).split(entry_stage.BLOCK_R)
     torch.testing.assert_close(part, torch.stack([b.sum(0) for b in blocks]), rtol=1e-6, atol=1e-5)
 
 
 def test_stage_refuses_inputs_that_do_not_fit_its_buffers():
-    args = sol076.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(3))
+    args = definition.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(3))
     g, x, wq, bq, wp, _, rh, rw = args
-    bufs = sol076_stage.stage_buffers(g, wq, rh, rw)
+    bufs = entry_stage.stage_buffers(g, wq, rh, rw)
     with pytest.raises(ValueError, match="hidden_states"):
-        sol076_stage.stage(bufs, g, x[:, :3], wq, bq, wp, rh, rw)
+        entry_stage.stage(bufs, g, x[:, :3], wq, bq, wp, rh, rw)
     with pytest.raises(ValueError, match="qkv_bias.*float32"):
-        sol076_stage.stage(bufs, g, x, wq, bq.double(), wp, rh, rw)
+        entry_stage.stage(bufs, g, x, wq, bq.double(), wp, rh, rw)
     with pytest.raises(ValueError, match="staged=True"):
-        sol076_solution.make_solution(mode=None, staged=True)  # compute="fp32"
+        entry.make_solution(mode=None, staged=True)  # compute="fp32"
 
 
 @pytest.mark.parametrize("wl", [(7, 7, 1), (4, 6, 3)])
 def test_staged_entry_matches_the_bf16_entry(wl):
-    """staged=True (the inputs through sol076_stage's kernel, interpreted on CPU) computes what compute="bf16"
+    """staged=True (the inputs through entry_stage's kernel, interpreted on CPU) computes what compute="bf16"
     does: the same bf16 operands, so the same gradients up to the order of grad_output's fp32 column sum (the
     two bias gradients made from it). All 7 pass the benchmark's rule; a second call gives the same bits. The
     inputs are bf16 values (held in fp32), so that the interpreter's cast, which truncates, equals torch's."""
     args = [t.bfloat16().float() if t.is_floating_point() else t
-            for t in sol076.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(8))]
-    ref = sol076.float64_gradients(*args)
-    plain = sol076_solution.make_solution(mode=None, fused="opaque", compute="bf16")(*args)
-    staged = sol076_solution.make_solution(mode=None, fused="opaque", compute="bf16", staged=True)
+            for t in definition.make_inputs(*wl, device=DEVICE, generator=torch.Generator().manual_seed(8))]
+    ref = definition.float64_gradients(*args)
+    plain = entry.make_solution(mode=None, fused="opaque", compute="bf16")(*args)
+    staged = entry.make_solution(mode=None, fused="opaque", compute="bf16", staged=True)
     got = [t.clone() for t in staged(*args)]
     again = staged(*args)
-    for name, a, b, c in zip(sol076.INPUT_NAMES, plain, got, again):
+    for name, a, b, c in zip(definition.INPUT_NAMES, plain, got, again):
         assert torch.equal(b, c), name
         if name == "proj_bias":
             assert rel_err(b, a) < 1e-6, name
@@ -186,18 +185,18 @@ def test_staged_entry_matches_the_bf16_entry(wl):
             b, a = b[:1536], a[:1536]
         if name != "proj_bias":
             assert torch.equal(a, b), name
-    ok, why = sol076.check(got, ref, sol076.WORKLOADS.get(wl, sol076.WORKLOADS[(7, 7, 1)]))
+    ok, why = definition.check(got, ref, definition.WORKLOADS.get(wl, definition.WORKLOADS[(7, 7, 1)]))
     assert ok, why
 
 
 def test_bad_inputs_are_refused():
-    args = sol076.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(3))
+    args = definition.make_inputs(4, 4, 1, generator=torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match="tables"):
-        sol076_solution.sol076_backward(*args[:6], args[6][:-1], args[7], scale=0.125)  # rel_pos_h one row short
+        entry.sol076_backward(*args[:6], args[6][:-1], args[7], scale=0.125)  # rel_pos_h one row short
     with pytest.raises(ValueError, match="fused"):
-        sol076_solution.fused_ops("cutlass", torch.device("cpu"))
+        entry.fused_ops("cutlass", torch.device("cpu"))
     with pytest.raises(ValueError, match="compute"):
-        sol076_solution.sol076_backward(*args, scale=0.125, compute="fp16")
+        entry.sol076_backward(*args, scale=0.125, compute="fp16")
 
 
 @pytest.mark.gpu
@@ -219,8 +218,8 @@ def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, compute, staged,
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        solution = sol076_solution.make_solution(fused=fused, compute=compute, staged=staged)
-        sets = [sol076.make_inputs(*wl, device="cuda", generator=torch.Generator().manual_seed(s)) for s in range(4)]
+        solution = entry.make_solution(fused=fused, compute=compute, staged=staged)
+        sets = [definition.make_inputs(*wl, device="cuda", generator=torch.Generator().manual_seed(s)) for s in range(4)]
         for s in sets[:3]:  # compile, warm up, record
             torch.compiler.cudagraph_mark_step_begin()
             solution(*s)
@@ -236,7 +235,7 @@ def test_compiled_entry_is_one_cuda_graph_and_passes(wl, fused, compute, staged,
             (staging,) = solution.staging.values()
             assert staging.startswith("in graph, node priorities"), staging
             assert len(ast.literal_eval(staging.split("node priorities ")[1])) == 2, staging
-        ok, why = sol076.check(got, sol076.float64_gradients(*sets[3]), sol076.WORKLOADS[wl])
+        ok, why = definition.check(got, definition.float64_gradients(*sets[3]), definition.WORKLOADS[wl])
         assert ok, why
         assert all(torch.equal(a, b) for a, b in zip(got, again))
         # staged: two compiled pieces (recompute, attention gradients) in the one captured graph
@@ -256,10 +255,10 @@ def test_every_workload_compiles_past_the_recompile_limit():
     torch._dynamo.reset()
     counters.clear()
     with torch._dynamo.config.patch(recompile_limit=1):
-        solution = sol076_solution.make_solution(mode="default", backend="eager")  # Dynamo only: quick on CPU
+        solution = entry.make_solution(mode="default", backend="eager")  # Dynamo only: quick on CPU
         for wl in [(2, 2, 1), (3, 2, 1), (2, 2, 1)]:
-            args = sol076.make_inputs(*wl, generator=torch.Generator().manual_seed(4))
-            ok, why = sol076.check(solution(*args), sol076.float64_gradients(*args), 1e-4)
+            args = definition.make_inputs(*wl, generator=torch.Generator().manual_seed(4))
+            ok, why = definition.check(solution(*args), definition.float64_gradients(*args), 1e-4)
             assert ok, why
     assert counters["stats"]["unique_graphs"] == 2  # compiled once per shape, the repeat hit its graph
     torch._dynamo.reset()

@@ -1,7 +1,7 @@
 """Point one kernel of a captured CUDA graph at new input addresses before each replay (CUDA driver API).
 
 A CUDA graph replays its kernels with the arguments they were captured with. The 076 entry wants its
-first kernel (sol076_stage's cast of the fresh inputs) inside its graph, reading inputs whose addresses change
+first kernel (entry_stage's cast of the fresh inputs) inside its graph, reading inputs whose addresses change
 every call: launched before the replay instead, the GPU waited 22-94 us between that kernel and the graph's
 first one on 11 of the 16 workloads (the host's time to reach cudaGraphLaunch; the H200, 2026-12-01). CUDA's
 answer is to update the kernel node of the instantiated graph, cuGraphExecKernelNodeSetParams: the graph

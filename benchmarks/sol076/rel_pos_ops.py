@@ -5,7 +5,7 @@
 
 On CUDA they launch the kernels of rel_pos_tables.py (which says why they exist); elsewhere, and as the
 oracle of the tests, their torch forms below (`rel_terms`, `table_grad`). Importing this module registers
-both ops (sol076_solution imports it; the fused attention op and the backend use neither).
+both ops (entry.py imports it; the fused attention op and the backend use neither).
 """
 
 from __future__ import annotations

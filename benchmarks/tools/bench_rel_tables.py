@@ -1,5 +1,5 @@
 """The 076 entry's table-space pieces on the GPU: the rel-pos shift kernels against Inductor's torch forms, and
-the table GEMMs at the natural width against the 8-aligned one (sol076/rel_pos_tables.py, sol076/sol076_solution.py).
+the table GEMMs at the natural width against the 8-aligned one (sol076/rel_pos_tables.py, sol076/entry.py).
 
 Per 076 grid (12 heads, bf16 unless --dtype), us by CUDA-graph replay (do_bench median, L2 flushed):
   terms_torch / terms_kernel   rel = [rel_h | rel_w] out of T: rel_pos_ops.rel_terms compiled by Inductor / the kernel

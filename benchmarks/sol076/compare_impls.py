@@ -1,10 +1,10 @@
 """SOL-ExecBench L2/076 runner: backward of one SAM-HQ ViT-B attention layer, per workload x implementation.
 
-The problem (layer, 16 workloads, inputs, correctness rule) is benchmarks/sol076.py; this file times it.
+The problem (layer, 16 workloads, inputs, correctness rule) is definition.py beside this file; this file times it.
 The timed function is the benchmark's: given grad_output and the 7 inputs, forward + torch.autograd.grad
--> 7 gradients (`sol076.layer_backward`), the same Python for every implementation; only the layer differs:
+-> 7 gradients (`definition.layer_backward`), the same Python for every implementation; only the layer differs:
 
-  eager                      sol076.attention_layer (explicit softmax)
+  eager                      definition.attention_layer (explicit softmax)
   eager-sdpa                 same layer, attention by F.scaled_dot_product_attention(attn_mask=dense [B,12,N,N] bias)
   inductor                   torch.compile(layer)                                   (default mode)
   inductor-max-autotune      torch.compile(layer, mode="max-autotune-no-cudagraphs")
@@ -27,7 +27,7 @@ Method, per (precision, workload, implementation) cell:
   1. torch._dynamo.reset(); set torch.set_float32_matmul_precision; build the implementation.
   2. first call (compiles; its time is reported as compile_s).  Peak-memory statistics reset after it.
   3. warm-up calls (--warmup counts the first call), rotating over --input-sets input sets.
-  4. correctness: one call on a separate, fresh input set; sol076.check against a float64 reference
+  4. correctness: one call on a separate, fresh input set; definition.check against a float64 reference
      (the eager layer on the same values in fp64, on the same device).  FAIL/ERROR cells keep their
      numbers in the JSON but are excluded from the suite means.
   5. wall time: --iters calls; before each, L2 flush (write 2x L2 bytes) and a device synchronize; CUDA
@@ -48,12 +48,12 @@ Run time: compiling dominates (guess for an H200 host: ~5-30 s per compiled cell
 max-autotune on large shapes; samhq under "highest" also runs slowly, see NOTES.md).  A full matrix does
 not fit one 10-minute window, so the run is budgeted (--time-budget, default 480 s: a cell is started only
 if its estimate -- the longest earlier cell of that implementation -- still fits) and resumable:
-  python benchmarks/sol_execbench_076.py --workloads rep        # 4 representative workloads, ~one window
-  python benchmarks/sol_execbench_076.py                        # precision high, all 16 x 8; cut at 480 s
-  python benchmarks/sol_execbench_076.py --resume benchmarks/results/sol076.json   # run only the missing
+  python benchmarks/sol076/compare_impls.py --workloads rep        # 4 representative workloads, ~one window
+  python benchmarks/sol076/compare_impls.py                        # precision high, all 16 x 8; cut at 480 s
+  python benchmarks/sol076/compare_impls.py --resume benchmarks/results/sol076.json   # run only the missing
                                                                 # cells; repeat until "remaining: 0"
-  python benchmarks/sol_execbench_076.py --precision all ...    # highest, high, medium
-  python benchmarks/sol_execbench_076.py --gpus 2 ...           # split the cells over 2 GPUs of this host (one
+  python benchmarks/sol076/compare_impls.py --precision all ...    # highest, high, medium
+  python benchmarks/sol076/compare_impls.py --gpus 2 ...           # split the cells over 2 GPUs of this host (one
                                                                 # process each, timed at the same time, merged)
   --impls fast drops inductor-max-autotune (the slowest to compile).
 Results are written after every cell (a killed run keeps what it finished): <out>/sol076.json, a chart per
@@ -70,14 +70,16 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: common, plot
+sys.path.insert(0, HERE)  # definition
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import common  # noqa: E402
 import plot  # noqa: E402
-import sol076  # noqa: E402
+import definition  # noqa: E402
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -88,7 +90,7 @@ IMPLS = ("eager", "eager-sdpa", "inductor", "inductor-reduce-overhead", "flex", 
          "samhq-opaque", "inductor-max-autotune")  # the slowest to compile last, so a budget cut loses it first
 IMPL_GROUPS = {"all": IMPLS, "fast": tuple(i for i in IMPLS if i != "inductor-max-autotune")}
 CUDAGRAPH_IMPLS = ("inductor-reduce-overhead", "samhq-reduce-overhead")
-# (backend, mode, options) for the implementations that compile sol076.attention_layer itself
+# (backend, mode, options) for the implementations that compile definition.attention_layer itself
 COMPILED = {
     "inductor": ("inductor", None, None),
     "inductor-max-autotune": ("inductor", "max-autotune-no-cudagraphs", None),
@@ -100,8 +102,8 @@ COMPILED = {
 PRECISIONS = ("highest", "high", "medium")
 # CI smoke: the smallest benchmark workload (one: on a 2-core CPU Inductor needs ~15-25 s per workload), and a
 # tinier extra one that --workloads can name (same atol as 7x7x1).
-QUICK_WORKLOADS = {(7, 7, 1): sol076.WORKLOADS[(7, 7, 1)]}
-EXTRA_WORKLOADS = {(4, 4, 2): sol076.WORKLOADS[(7, 7, 1)]}
+QUICK_WORKLOADS = {(7, 7, 1): definition.WORKLOADS[(7, 7, 1)]}
+EXTRA_WORKLOADS = {(4, 4, 2): definition.WORKLOADS[(7, 7, 1)]}
 # --workloads rep: one per regime -- tiny, SAM's 14x14 windows (batch = windows), mid, SAM ViT-B global at 1024
 WORKLOAD_GROUPS = {"rep": ((7, 7, 1), (14, 14, 8), (32, 32, 4), (64, 64, 4))}
 QUICK_IMPLS = ("eager", "inductor", "samhq")
@@ -115,15 +117,15 @@ RESULTS_NAME = "sol076.json"
 # ---------------------------------------------------------------------------------------------- layers
 def _qkv_rel(hidden_states, qkv_weight, qkv_bias, rel_pos_h, rel_pos_w):
     """q, k, v as [B, heads, N, 64] and the decomposed rel-pos terms rel_h [B,heads,N,H], rel_w [B,heads,N,W],
-    computed exactly as sol076.attention_layer computes them (same ops, same order)."""
+    computed exactly as definition.attention_layer computes them (same ops, same order)."""
     B, H, W, _ = hidden_states.shape
     N = H * W
-    qkv = F.linear(hidden_states, qkv_weight, qkv_bias).reshape(B, N, 3, sol076.HEADS, -1).permute(2, 0, 3, 1, 4)
+    qkv = F.linear(hidden_states, qkv_weight, qkv_bias).reshape(B, N, 3, definition.HEADS, -1).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
-    r_q = q.reshape(B, sol076.HEADS, H, W, -1)
-    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, sol076.get_rel_pos(H, H, rel_pos_h))
-    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, sol076.get_rel_pos(W, W, rel_pos_w))
-    return q, k, v, rel_h.reshape(B, sol076.HEADS, N, H), rel_w.reshape(B, sol076.HEADS, N, W)
+    r_q = q.reshape(B, definition.HEADS, H, W, -1)
+    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, definition.get_rel_pos(H, H, rel_pos_h))
+    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, definition.get_rel_pos(W, W, rel_pos_w))
+    return q, k, v, rel_h.reshape(B, definition.HEADS, N, H), rel_w.reshape(B, definition.HEADS, N, W)
 
 
 def _proj(out, proj_weight, proj_bias, B, H, W):
@@ -131,18 +133,18 @@ def _proj(out, proj_weight, proj_bias, B, H, W):
     return F.linear(out.permute(0, 2, 1, 3).reshape(B, H, W, -1), proj_weight, proj_bias)
 
 
-def sdpa_layer(hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w, scale=sol076.SCALE):
+def sdpa_layer(hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w, scale=definition.SCALE):
     """The layer with attention by SDPA and the rel-pos terms expanded to a dense [B, 12, N, N] bias (what
     HF's SamHQVisionSdpaAttention does)."""
     B, H, W, _ = hidden_states.shape
     q, k, v, rel_h, rel_w = _qkv_rel(hidden_states, qkv_weight, qkv_bias, rel_pos_h, rel_pos_w)
     N = H * W
-    bias = (rel_h.view(B, sol076.HEADS, N, H, 1) + rel_w.view(B, sol076.HEADS, N, 1, W)).view(B, sol076.HEADS, N, N)
+    bias = (rel_h.view(B, definition.HEADS, N, H, 1) + rel_w.view(B, definition.HEADS, N, 1, W)).view(B, definition.HEADS, N, N)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
     return _proj(out, proj_weight, proj_bias, B, H, W)
 
 
-def flex_layer(hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w, scale=sol076.SCALE):
+def flex_layer(hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w, scale=definition.SCALE):
     """The layer with FlexAttention; the rel-pos terms enter through score_mod as captured tensors (never
     expanded to N x N), so their gradients flow back through the captured-buffer gradient path."""
     B, H, W, _ = hidden_states.shape
@@ -158,14 +160,14 @@ def flex_layer(hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_
 def build_layer(impl: str):
     """The layer callable for one implementation (compiled lazily by torch.compile on first call)."""
     if impl == "eager":
-        return sol076.attention_layer
+        return definition.attention_layer
     if impl == "eager-sdpa":
         return sdpa_layer
     if impl == "flex":
         return torch.compile(flex_layer, dynamic=False)
     if impl in COMPILED:
         backend, mode, options = COMPILED[impl]
-        return torch.compile(sol076.attention_layer, backend=backend, mode=mode, options=options, dynamic=False)
+        return torch.compile(definition.attention_layer, backend=backend, mode=mode, options=options, dynamic=False)
     raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
 
 
@@ -175,12 +177,12 @@ def wl_name(wl) -> str:
 
 
 def parse_workloads(spec: str, quick: bool) -> dict:
-    table = QUICK_WORKLOADS if quick else sol076.WORKLOADS
+    table = QUICK_WORKLOADS if quick else definition.WORKLOADS
     if spec in ("all", ""):
         return dict(table)
     if spec in WORKLOAD_GROUPS:
-        return {wl: sol076.WORKLOADS[wl] for wl in WORKLOAD_GROUPS[spec]}
-    known = {**sol076.WORKLOADS, **EXTRA_WORKLOADS}
+        return {wl: definition.WORKLOADS[wl] for wl in WORKLOAD_GROUPS[spec]}
+    known = {**definition.WORKLOADS, **EXTRA_WORKLOADS}
     out = {}
     for item in spec.split(","):
         wl = tuple(int(x) for x in item.lower().strip().split("x"))
@@ -210,11 +212,11 @@ class WorkloadData:
         seed = H * 10_000 + W * 100 + B
 
         def draw(k):
-            return sol076.make_inputs(H, W, B, device=device, generator=torch.Generator().manual_seed(seed * 16 + k))
+            return definition.make_inputs(H, W, B, device=device, generator=torch.Generator().manual_seed(seed * 16 + k))
 
         self.sets = [draw(k) for k in range(n_sets)]
         self.check = draw(15)  # never timed
-        self.ref = sol076.float64_gradients(*self.check)
+        self.ref = definition.float64_gradients(*self.check)
 
 
 # ---------------------------------------------------------------------------------------------- one cell
@@ -232,7 +234,7 @@ def run_cell(impl: str, wl, precision: str, data: WorkloadData, args, device, fl
         sets = data.sets
 
         def call(i):
-            return sol076.layer_backward(*sets[i % len(sets)], layer=layer)
+            return definition.layer_backward(*sets[i % len(sets)], layer=layer)
 
         # Inductor counts graphs it refused to CUDA-graph (then a reduce-overhead variant is not what it says)
         from torch._dynamo.utils import counters
@@ -259,8 +261,8 @@ def run_cell(impl: str, wl, precision: str, data: WorkloadData, args, device, fl
         # correctness on the fresh check inputs; clone before anything can overwrite CUDA-graph outputs
         if before:
             before()
-        got = [g.detach().clone() for g in sol076.layer_backward(*data.check, layer=layer)]
-        ok, why = sol076.check(got, data.ref, data.atol)
+        got = [g.detach().clone() for g in definition.layer_backward(*data.check, layer=layer)]
+        ok, why = definition.check(got, data.ref, data.atol)
         del got
         row["status"], row["detail"] = ("PASS" if ok else "FAIL"), why
 
@@ -304,7 +306,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def print_report(rows: list[dict], summary: dict, skipped: list[dict]) -> None:
     order = {i: k for k, i in enumerate(IMPLS)}
-    wl_order = {wl_name(w): k for k, w in enumerate(list(sol076.WORKLOADS) + list(EXTRA_WORKLOADS))}
+    wl_order = {wl_name(w): k for k, w in enumerate(list(definition.WORKLOADS) + list(EXTRA_WORKLOADS))}
     rows = sorted(rows, key=lambda r: (PRECISIONS.index(r["precision"]), wl_order.get(r["workload"], 99),
                                        order.get(r["impl"], 99)))
     print()
@@ -387,7 +389,7 @@ def main(argv=None) -> dict:
     config = {k: getattr(args, k) for k in ("iters", "warmup", "input_sets", "profile", "flush", "time_budget", "quick",
                                             "gpus")}
     config.update(l2_flush_bytes=flusher.nbytes, impls=list(args.impls), precisions=list(args.precision),
-                  workloads=[wl_name(w) for w in args.workloads], rtol=sol076.RTOL)
+                  workloads=[wl_name(w) for w in args.workloads], rtol=definition.RTOL)
 
     def save():
         payload = {"benchmark": "SOL-ExecBench L2/076 sam_hq_vision_attention_with_relative_position_backward",

@@ -1,7 +1,7 @@
 """SOL-ExecBench L2/076 timed by the benchmark's own rules: the leaderboard entry against the other paths.
 
 Implementations (all in one process, per precision and workload):
-  solution                   sol076_solution.make_solution(): sol076_backward compiled whole with
+  solution                   entry.make_solution(): sol076_backward compiled whole with
                              mode="reduce-overhead", fullgraph=True -- one CUDA graph per call, no autograd
   solution-opaque            the same with the opaque registration of the fused op (kernels launched from
                              inside the op, the operand copies with them) instead of the triton_op one
@@ -19,17 +19,17 @@ Implementations (all in one process, per precision and workload):
                              the inputs into a graph's static buffers, at the price of launching each kernel
                              from the host (which the GPU hides only where its kernels are long)
   solution-bf16-staged       solution-bf16 with staged=True: the inputs cast to bf16 by one kernel into the
-                             graph's own buffers (sol076_stage.py), then one replay of a CUDA graph captured
+                             graph's own buffers (entry_stage.py), then one replay of a CUDA graph captured
                              by hand (no graph trees: no input copies, no casts inside the graph), the
                              independent gradient GEMMs and sums on two low-priority streams inside it, the
                              main branch at a higher priority (the fastest entry: 537 us "high" mean, 2026-12-01)
   solution-bf16-staged-1s    solution-bf16-staged with everything on one stream
   samhq-reduce-overhead      what users get: torch.compile(layer, backend="samhq", mode="reduce-overhead")
-                             + torch.autograd.grad (sol_execbench_076.py's build, the same Python call)
+                             + torch.autograd.grad (compare_impls.py's build, the same Python call)
   inductor-reduce-overhead   torch.compile(layer, mode="reduce-overhead") + torch.autograd.grad
-  eager                      sol076.attention_layer + torch.autograd.grad
+  eager                      definition.attention_layer + torch.autograd.grad
 
-The rules (sol_execbench_076.md), per cell:
+The benchmark's rules (README.md beside this file), per cell:
   * 10 warm-up calls (the first compiles; its time is compile_s), then the median of 50 timed calls;
   * before each call the L2 is flushed (common.L2Flusher writes twice the L2 size) and the device synced;
   * inputs at fresh addresses for each call: every call gets its own copy of the input set, all made
@@ -40,7 +40,7 @@ The rules (sol_execbench_076.md), per cell:
     scheme of common.kernel_spans), so idle gaps between kernels count; kernels per call from the same
     trace (kernels, memcpy and memset records), and the last timed call's list of them (kernels_last_call:
     name, duration and start in us from the call's first record, which places its gaps);
-  * correctness: after the warm-up, one call on a separately drawn input set, checked with sol076.check
+  * correctness: after the warm-up, one call on a separately drawn input set, checked with definition.check
     (per output: finite, >= 99% within atol + 1e-3 |ref|) against the float64 eager layer.
   peak_mib = max_memory_allocated over the warm-up and timed calls minus memory_allocated after the first
   call (the extra memory a call needs beyond its inputs; CUDA-graph pools are recorded after it, so
@@ -50,9 +50,9 @@ Run time on an H200 host (2026-12-01: 15-20 s per compiled cell, compile include
 per workload for the default five implementations (the staged entry's cells take ~5-10 s), ~15 minutes for 16 workloads in one precision, so split
 the implementations over calls. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 
-  python benchmarks/sol076/sol076_exact.py --precision high --out $OUT      # 16 workloads x 4, one precision
-  python benchmarks/sol076/sol076_exact.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
-  python benchmarks/sol076/sol076_exact.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
+  python benchmarks/sol076/time_entry.py --precision high --out $OUT      # 16 workloads x 4, one precision
+  python benchmarks/sol076/time_entry.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
+  python benchmarks/sol076/time_entry.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
 Writes <out>/sol076_solution.json after every cell; prints the per-workload table (markdown), the suite means
 and the targets last.
 """
@@ -66,15 +66,15 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: common, sol076, sol_execbench_076
-sys.path.insert(0, HERE)  # the entry: sol076_solution, sol076_stage, graph_kernel_args
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: common
+sys.path.insert(0, HERE)  # definition, compare_impls, the entry
 
 import torch  # noqa: E402
 
 import common  # noqa: E402
-import sol076  # noqa: E402
-import sol076_solution  # noqa: E402
-import sol_execbench_076 as bench  # noqa: E402
+import compare_impls as bench  # noqa: E402
+import definition  # noqa: E402
+import entry  # noqa: E402
 
 IMPLS = ("solution", "inductor-reduce-overhead", "samhq-reduce-overhead", "eager", "solution-opaque",
          "solution-combo", "solution-chunked", "solution-bf16", "solution-bf16-chunked", "solution-bf16-nocg",
@@ -108,10 +108,10 @@ TARGETS = {"high_mean_us": 600, "highest_mean_us": 2500, "span_7x7x1_us": 60, "p
 def build(impl: str):
     """call(inputs) -> the 7 gradients, for one implementation (compiled lazily on the first call)."""
     if impl in SOLUTIONS:
-        solution = sol076_solution.make_solution(**SOLUTIONS[impl])
+        solution = entry.make_solution(**SOLUTIONS[impl])
         return lambda inputs: solution(*inputs)
     layer = bench.build_layer(impl)
-    return lambda inputs: sol076.layer_backward(*inputs, layer=layer)
+    return lambda inputs: definition.layer_backward(*inputs, layer=layer)
 
 
 def fresh_copies(inputs, n: int) -> list[list[torch.Tensor]]:
@@ -158,7 +158,7 @@ def run_cell(impl, wl, precision, data, copies, device, flusher, args) -> dict:
         if before:
             before()
         got = [g.detach().clone() for g in fn(data.check)]
-        ok, why = sol076.check(got, data.ref, data.atol)
+        ok, why = definition.check(got, data.ref, data.atol)
         del got
         row["status"], row["detail"] = ("PASS" if ok else "FAIL"), why
 
@@ -222,7 +222,7 @@ def targets(rows: list[dict], summary: dict, impl: str = "solution") -> list[tup
 
     def full(prec):  # a suite mean counts only when every workload of the suite passed
         s = summary.get(prec, {}).get(impl)
-        return s["mean_us"] if s and s["n_pass"] == len(sol076.WORKLOADS) else None
+        return s["mean_us"] if s and s["n_pass"] == len(definition.WORKLOADS) else None
 
     out = []
     for name, value, limit in (
@@ -238,7 +238,7 @@ def targets(rows: list[dict], summary: dict, impl: str = "solution") -> list[tup
         if s and s["n_compared"]:
             out.append((f"faster than Inductor RO on every workload ('{prec}')",
                         f"{s['faster_than_inductor_ro']}/{s['n_compared']}",
-                        s["faster_than_inductor_ro"] == s["n_compared"] == len(sol076.WORKLOADS)))
+                        s["faster_than_inductor_ro"] == s["n_compared"] == len(definition.WORKLOADS)))
         if s:
             out.append((f"every cell passes ('{prec}')", f"{s['n_pass']}/{s['n']}", s["n_pass"] == s["n"]))
     return out
@@ -246,7 +246,7 @@ def targets(rows: list[dict], summary: dict, impl: str = "solution") -> list[tup
 
 def markdown(rows, summary) -> str:
     """README / NOTES table: per workload, each implementation's span us / kernels per call / peak MiB."""
-    order = [bench.wl_name(w) for w in list(sol076.WORKLOADS) + list(bench.EXTRA_WORKLOADS)]
+    order = [bench.wl_name(w) for w in list(definition.WORKLOADS) + list(bench.EXTRA_WORKLOADS)]
     lines = []
     for prec, d in summary.items():
         impls = list(d)
@@ -324,7 +324,7 @@ def main(argv=None) -> dict:
 
     def save():
         payload = {"benchmark": "SOL-ExecBench L2/076, the benchmark's timing rules", "env": env,
-                   "method": __doc__[__doc__.index("The rules"):__doc__.index("Run time")].strip(), "config": config,
+                   "method": __doc__[__doc__.index("The benchmark's rules"):__doc__.index("Run time")].strip(), "config": config,
                    "results": rows, "summary": summarize(rows), "skipped": skipped}
         payload["targets"] = {impl: [list(t) for t in targets(rows, payload["summary"], impl)] for impl in ENTRIES
                               if any(r["impl"] == impl for r in rows)}

@@ -9,9 +9,9 @@ addresses each call. Under mode="reduce-overhead" (CUDA graph trees) that costs,
   * and the graph trees' Python between the copy and the replay, which the GPU waits through.
 Here one Triton kernel reads each fresh input once and writes what the graph reads, in the form it reads it:
 bf16 x, grad_output, qkv weight and bias, projection weight, and the padded bf16 table matrix
-[rel_pos_h; rel_pos_w; zero rows] (sol076_solution's `tables`). What must stay fp32 stays fp32: the projection
+[rel_pos_h; rel_pos_w; zero rows] (entry.py's `tables`). What must stay fp32 stays fp32: the projection
 weight (a copy, for the v-bias gradient's GEMV) and grad_output's column sums (both bias gradients: bf16 terms
-break the benchmark's tolerance there, sol076_solution), which the kernel writes as one fp32 partial sum per
+break the benchmark's tolerance there, entry.py), which the kernel writes as one fp32 partial sum per
 BLOCK_R-row block, summed in block order inside the graph (deterministic, no atomics).
 
     buffers = stage_buffers(shapes..., device)   # once per workload: the graph's static inputs
@@ -91,7 +91,7 @@ def _stage_kernel(G, G16, GPART, X, X16, WQ, WQ16, BQ, BQ16, WP, WP16, WP32, RH,
 
 def table_width(rows_h: int, rows_w: int) -> int:
     """Rows of the padded table matrix: rows_h + rows_w rounded up to 8, so that bf16 rows of T and dT (this many
-    columns) are 16-byte aligned, which cuBLAS's fast kernels need (sol076_solution, 2026-12-01)."""
+    columns) are 16-byte aligned, which cuBLAS's fast kernels need (entry.py, 2026-12-01)."""
     return -(-(rows_h + rows_w) // 8) * 8
 
 

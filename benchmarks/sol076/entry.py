@@ -6,7 +6,7 @@ small workloads the GPU idles most of the call (benchmarks/NOTES.md, 2026-11-30)
 come from one function with no autograd in it:
 
     sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
-                    rel_pos_h, rel_pos_w, scale) -> the 7 gradients (sol076.INPUT_NAMES order)
+                    rel_pos_h, rel_pos_w, scale) -> the 7 gradients (definition.INPUT_NAMES order)
 
 built from samhq-fx's pieces (the fused op's forward and backward, `torch.ops.samhq.*`) and plain GEMMs,
 for any grid, batch and head count (heads = hidden // head_dim, head_dim = rel_pos_h.shape[1]).
@@ -33,7 +33,7 @@ gradient is a column sum of dqkv, which Inductor can fuse into the kernel that a
 
 make_solution(compute="bf16", staged=True) is the fastest entry (537 us "high" mean against 2195 for Inductor
 reduce-overhead, one H200 process, 2026-12-01; the graph-tree bf16 entry: 629, 2026-12-01): it owns its CUDA
-graph instead of using Inductor's graph trees. The graph starts with sol076_stage's kernel, which casts the fresh inputs into the buffers the rest reads, and before each
+graph instead of using Inductor's graph trees. The graph starts with entry_stage's kernel, which casts the fresh inputs into the buffers the rest reads, and before each
 replay that kernel's node is pointed at the call's inputs (graph_kernel_args), so a call is one graph launch with
 no input copy. Inside it, the projection's gradients and the last GEMMs run on two side streams (_StagedParts), at
 a lower priority than the main branch (NODE_PRIORITY).
@@ -55,7 +55,7 @@ import torch.nn.functional as F
 import graph_kernel_args
 import rel_pos_ops  # noqa: F401  (registers torch.ops.samhq.rel_pos_terms, rel_pos_table_grad)
 import samhq_fx.op as samhq_op  # registers torch.ops.samhq.rel_pos_attention*
-import sol076_stage
+import entry_stage
 
 _log = logging.getLogger("samhq_fx")
 
@@ -77,9 +77,9 @@ def fused_ops(fused: str, device: torch.device):
 
 def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias, rel_pos_h, rel_pos_w,
                     scale: float, fused: str = "opaque", max_rows: int | None = None, compute: str = "fp32"):
-    """The 7 gradients of the SAM-HQ attention layer (sol076.attention_layer), forward recomputed.
+    """The 7 gradients of the SAM-HQ attention layer (definition.attention_layer), forward recomputed.
 
-    Plain tensor code: no autograd, traceable with fullgraph=True. Returns them in sol076.INPUT_NAMES order.
+    Plain tensor code: no autograd, traceable with fullgraph=True. Returns them in definition.INPUT_NAMES order.
     Self-attention over a B x H x W grid with SAM's table sizes (2H-1, 2W-1: interpolation is the identity).
 
     max_rows: at most this many attention rows (images x heads x queries) at once. The batch is then taken
@@ -92,7 +92,7 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
     kernels on bf16 operands (fp32 accumulation, fp32 softmax statistics) and returns fp32 gradients.
     The benchmark checks each output against atol + 1e-3 |ref| and not the precision used inside (its
     speed-of-light is priced at the 16-bit tensor rate); what "bf16" costs in accuracy is measured per
-    workload by sol076_exact.py's check (benchmarks/NOTES.md, 2026-12-01).
+    workload by time_entry.py's check (benchmarks/NOTES.md, 2026-12-01).
     """
     if compute not in COMPUTE_CHOICES:
         raise ValueError(f"compute={compute!r}; choose from {COMPUTE_CHOICES}")
@@ -135,7 +135,7 @@ def _backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, pro
                                            rel_pos_w))
     # [width, d]: zero rows pad T's rows (and dT's) to a multiple of 8 elements, 16-byte aligned, which cuBLAS
     # needs for its fast kernels: T, dT @ tables and dT^T @ q each ran ~2x faster on the H200 (2026-12-01)
-    width = sol076_stage.table_width(rows_h, rows_w)
+    width = entry_stage.table_width(rows_h, rows_w)
     tables = torch.cat([rel_pos_h, rel_pos_w, rel_pos_h.new_zeros(width - rows_h - rows_w, d)])
     return _core(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, tables, scale, fused, out_dtype,
                  bias_sums)
@@ -280,7 +280,7 @@ def make_solution(mode: str | None = "reduce-overhead", fused: str = "auto", bac
     sol076_backward's (batch chunks), `compute` its operand precision ("fp32" or "bf16"). Inputs may require
     grad (the benchmark's do): they are detached, so the compiled graph has no autograd in it.
 
-    staged=True (compute="bf16", no max_rows): the inputs go through sol076_stage's one kernel into buffers that
+    staged=True (compute="bf16", no max_rows): the inputs go through entry_stage's one kernel into buffers that
     the graph owns, and a mode with CUDA graphs ("reduce-overhead") captures the compiled function over those
     buffers with torch.cuda.graph itself, so a call is one replay (no graph trees: no input copies, no casts in
     the graph, no Python between kernels); side_streams=False keeps all of it on one stream (_StagedParts).
@@ -359,12 +359,12 @@ def _make_staged(mode, fused, backend, dynamic, options, side_streams: bool):
         key, fused_ = first_call.key(args, scale)
         if key in graphs:  # the steady state: one replay
             return graphs[key](args)
-        buffers = sol076_stage.stage_buffers(grad_output, qkv_weight, rel_pos_h, rel_pos_w)
+        buffers = entry_stage.stage_buffers(grad_output, qkv_weight, rel_pos_h, rel_pos_w)
         if key not in first_call.seen or mode is None or not own_graph or args[1].device.type != "cuda":
             # first call (compiles; its buffers are temporary, so a peak-memory reading taken after it counts
             # the graph's own, allocated at the capture in the second call), or no graph for this build
             first_call.seen.add(key)
-            sol076_stage.stage(buffers, *args)
+            entry_stage.stage(buffers, *args)
             with _recompile_limit():
                 return parts(buffers, float(scale), fused_)
         if not shared:
@@ -392,7 +392,7 @@ def _staged_gradients(g16, wp16, tables16, q, k, v, rel, out, lse, db_v, scale: 
 
 
 class _StagedParts:
-    """The staged entry's work on sol076_stage's buffers, in the benchmark's output order.
+    """The staged entry's work on entry_stage's buffers, in the benchmark's output order.
 
     Compiled: the recompute, and the attention's gradients (dqkv, dT). Plain torch calls: the bias sums, the
     output projection's weight gradient, and the last three GEMMs (dx, dW_qkv, the tables'). Given two `sides`
@@ -472,7 +472,7 @@ class _StagedGraph:
     def __init__(self, parts, buffers, args, scale, fused_, capture: _Capture):
         self.buffers = buffers
         args = [t.contiguous() for t in args]  # so that the capture holds no copy kernel of the caller's tensors
-        sol076_stage.stage(buffers, *args)
+        entry_stage.stage(buffers, *args)
         # a warm-up run off the capture, on its streams (lazy initialisations, cuBLAS workspaces among them, must
         # not be captured)
         capture.main.wait_stream(torch.cuda.current_stream())
@@ -483,7 +483,7 @@ class _StagedGraph:
         try:
             self.graph = torch.cuda.CUDAGraph(keep_graph=True)
             with torch.cuda.graph(self.graph, pool=capture.pool, stream=capture.main):
-                srcs = sol076_stage.stage(buffers, *args)
+                srcs = entry_stage.stage(buffers, *args)
                 self.outs = parts(buffers, scale, fused_, capture.sides)
             self.graph.instantiate()
             self.exec = self._priority_exec() if capture.sides else None
@@ -510,9 +510,9 @@ class _StagedGraph:
 
     def __call__(self, args):
         if self.args is None:
-            sol076_stage.stage(self.buffers, *args)
+            entry_stage.stage(self.buffers, *args)
         else:
-            self.args.set([t.data_ptr() for t in sol076_stage.sources(self.buffers, *args)])
+            self.args.set([t.data_ptr() for t in entry_stage.sources(self.buffers, *args)])
         if self.exec is not None:
             self.exec.launch(torch.cuda.current_stream().cuda_stream)
         else:
