@@ -1,8 +1,7 @@
 """Where the host time of a compiled SAM encoder goes: wall vs GPU per call, and the Python and ops behind it.
 
 For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
-Inductor's static one, samhq.static_launch off; samhq handing the rel-pos terms over as flat rows, a copy each, as
-before the op read them in place; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor
+Inductor's static one, samhq.static_launch off; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor
 with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision
 encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
@@ -56,11 +55,6 @@ BUILDS = {
     "samhq-opaque": ("eager", "samhq", {"samhq.triton_op": False}),
     # HF's "sdpa" attention class under samhq (finetune_samhq.py's default --attn): SDPA with a bias, matched too
     "samhq-sdpa": ("sdpa", "samhq", {"samhq.triton_op": "auto"}),
-    # the rel-pos terms handed to the fused op as flat [B*heads, Nq, K] rows (a copy of each), as before the op read
-    # them in their einsums' [B*heads, Hq, Wq, K] layout (samhq_fx/rewrite.py, GRID_TERMS; set while it compiles)
-    # min_seq_len 2 changes nothing in a SAM encoder (every attention has >= 49 keys); it is there so that the build's
-    # options differ from "samhq"'s, else Dynamo reuses that build's compiled code (same backend, equal options)
-    "samhq-rel-rows": ("eager", "samhq", {"samhq.triton_op": "auto", "samhq.min_seq_len": 2}),
     # Inductor's C++ wrapper: the graph's launches issued from C++ instead of its Python wrapper
     "samhq-cpp": ("eager", "samhq", {"samhq.triton_op": "auto", "cpp_wrapper": True}),
     "inductor-eager": ("eager", "inductor", None),
@@ -325,7 +319,6 @@ def main():
     from torch._dynamo.utils import counters
 
     import samhq_fx
-    from samhq_fx import rewrite
 
     result = {"args": vars(args), "torch": torch.__version__, "triton": triton.__version__, "builds": {}}
     os.makedirs(args.out, exist_ok=True)
@@ -349,11 +342,9 @@ def main():
             call = make_call(enc, args.what, args.dtype, args.batch, device)
         else:
             call = make_call(torch.compile(enc, **kw), args.what, args.dtype, args.batch, device)
-        rewrite.GRID_TERMS = name != "samhq-rel-rows"
         t = time.perf_counter()
         call()
         torch.cuda.synchronize()
-        rewrite.GRID_TERMS = True
         row = {"compile_s": time.perf_counter() - t, "fused": counters["samhq"]["fused"],
                "graph_breaks": sum(counters["graph_break"].values())}
         if held:

@@ -13,8 +13,6 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     python benchmarks/tools/sweep_kernels.py --d80-bf16  # bf16 forward / dQ key tiles at ViT-H's windows, D=80 and 64
     python benchmarks/tools/sweep_kernels.py --maxnreg   # bf16 kernels with a register cap, one more CTA per SM
     python benchmarks/tools/sweep_kernels.py --dkdv128   # bf16 dK/dV with 128-key tiles and 8 warps (capped at 128 registers)
-    python benchmarks/tools/sweep_kernels.py --kmajor    # fp32 K-major operand copies off / on, 076 shapes
-    python benchmarks/tools/sweep_kernels.py --bias16    # bf16 dK/dV bias copies off / on, 076 shapes
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second run. --warm-only --shard i/n compiles first, in parallel processes (below).
@@ -47,19 +45,6 @@ def overrides(table: dict):
         yield
     finally:
         K.configs.OVERRIDES = saved
-
-
-@contextlib.contextmanager
-def knob(names: str, value):
-    """Set the kernels module's switch (or switches, "A+B") to value for the block."""
-    saved = {n: getattr(K, n) for n in names.split("+")}
-    for n in saved:
-        setattr(K, n, value)
-    try:
-        yield
-    finally:
-        for n, v in saved.items():
-            setattr(K, n, v)
 
 
 # --warm-only --shard i/n: compile every candidate once, in n processes at once, into Triton's on-disk
@@ -257,13 +242,9 @@ D80_CANDS = {
     "dq": [dict(BLOCK_M=64, num_warps=4, num_stages=2), dict(BLOCK_M=64, num_warps=4, num_stages=3),
            dict(num_stages=2), dict(BLOCK_M=64, num_warps=8, num_stages=2)],
 }
-# Added 2026-12-03 (not yet timed), from compiles with Triton 3.6, the GPU's (its register counts match ncu): the
-# shipped global dQ (128 queries, 8 warps, 2 stages) sits at 255 registers with 40 bytes of stack; 64 queries on 8
-# warps has none (255 registers, 164 KB, 1 CTA of 8 warps as now, twice the programs), and so has every kernel with
-# the K-major copies off (dQ 155 KB; dK/dV 207 registers, 70 KB, 2 CTAs as now; forward 243 registers). Predicted:
-# the 64-query dQ within +-10% of the shipped one; the copies off a loss (at D=64 they bought 1.2-1.9x from 28x28
-# up), timed because the spill is the one thing they add at 80.
-D80_KMAJOR_KEY = "sweep_d80_fp32_kmajor"
+# The shipped global dQ (128 queries, 8 warps, 2 stages) sits at 255 registers with 40 bytes of stack (Triton 3.6,
+# sm_90a); 64 queries on 8 warps has none (255 registers, 164 KB, 1 CTA of 8 warps as now, twice the programs):
+# D80_CANDS' last dQ row.
 
 # --d80-bf16: bf16 at ViT-H's windows (16 heads x 25 windows of 14x14, head dim 80 as 64 + 16), 1.31x ViT-L's (D=64)
 # layer against a 1.3x target, the forward the furthest off (49 against 35 us). One key-grid row per tile (BLOCK_N 16,
@@ -331,25 +312,6 @@ def print_narrow(rows):
                     print(f"    best {kern:<5} {best['ms']*1e3:8.1f} us  {best['cfg']}")
 
 
-def sweep_switch(results, knob_name: str, mode: str, shapes=SOL, heads=HEADS, d=64, key=None):
-    """A module switch (KMAJOR_FP32, BIAS_COPIES_16BIT; "A+B" for both) off / on, forward and backward, per shape
-    (default every 076 shape)."""
-    dtype, prec = MODES[mode]
-    torch.set_float32_matmul_precision(prec)
-    rows = []
-    for side, batch in shapes:
-        q, k, v, rh, rw, do = make(batch * heads, side, dtype, d=d)
-        row = dict(mode=mode, grid=side, batch=batch, switch=knob_name)
-        for on in (False, True):
-            with knob(knob_name, on):
-                for which in ("fwd", "bwd"):
-                    row[f"{which}_ms_{'on' if on else 'off'}"] = time_call(K, q, k, v, rh, rw, do, which)
-        print(row, flush=True)
-        rows.append(row)
-    results[key or f"sweep_{knob_name}"] = rows
-    return rows
-
-
 # --tables OLD: the config table of another revision (a configs.py file, e.g. `git show REV:kernels/configs.py`)
 # against this one, forward and backward, bf16 and fp32 "high", on SAM-B's global layer, its windows and every
 # 076 shape, in one process; plus the backward variants in VARIANTS under this table
@@ -408,8 +370,6 @@ def main():
     ap.add_argument("--d80-bf16", action="store_true", help="bf16 forward / dQ key tiles at ViT-H's windows, D=80 and 64")
     ap.add_argument("--maxnreg", action="store_true", help="bf16 kernels with a register cap (one more CTA per SM)")
     ap.add_argument("--dkdv128", action="store_true", help="bf16 dK/dV with 128-key tiles and 8 warps, capped or not")
-    ap.add_argument("--kmajor", action="store_true")
-    ap.add_argument("--bias16", action="store_true")
     ap.add_argument("--tables", metavar="OLD_CONFIGS_PY", help="another revision's configs.py against this one")
     ap.add_argument("--baseline", help="a one-file kernels module to time beside this one (--bwd)")
     ap.add_argument("--warm-only", action="store_true", help="compile the candidates, time nothing, write nothing")
@@ -429,10 +389,8 @@ def main():
                       (args.fp32_small_steps, lambda: [print_narrow(sweep_narrow(results, mode, SMALL_STEP_SHAPES, cands,
                                                                                  f"sweep_small_steps_{mode}"))
                                                        for mode, cands in SMALL_STEP_CANDS.items()]),
-                      (args.d80_fp32, lambda: (print_narrow(sweep_narrow(results, "fp32-tf32", D80_SHAPES, D80_CANDS,
-                                                                         "sweep_d80_fp32", heads=16, d=80)),
-                                               sweep_switch(results, "KMAJOR_FP32", "fp32-tf32", D80_SHAPES, heads=16,
-                                                            d=80, key=D80_KMAJOR_KEY))),
+                      (args.d80_fp32, lambda: print_narrow(sweep_narrow(results, "fp32-tf32", D80_SHAPES, D80_CANDS,
+                                                                        "sweep_d80_fp32", heads=16, d=80))),
                       (args.d80_bf16, lambda: [print_narrow(sweep_narrow(results, "bf16", D80_BF16_SHAPES, cands,
                                                                          f"sweep_d{d}_bf16_windows", heads=16, d=d))
                                                for d, cands in ((80, D80_BF16_CANDS), (64, D64_BF16_CANDS))]),
@@ -440,9 +398,7 @@ def main():
                       (args.maxnreg, lambda: print_narrow(sweep_narrow(results, "bf16", MAXNREG_SHAPES, MAXNREG_CANDS,
                                                                        "sweep_maxnreg"))),
                       (args.dkdv128, lambda: print_narrow(sweep_narrow(results, "bf16", DKDV128_SHAPES, DKDV128_CANDS,
-                                                                       "sweep_dkdv128"))),
-                      (args.kmajor, lambda: sweep_switch(results, "KMAJOR_FP32", "fp32-tf32")),
-                      (args.bias16, lambda: sweep_switch(results, "BIAS_COPIES_16BIT", "bf16"))):
+                                                                       "sweep_dkdv128")))):
         if flag:
             run()
             if WARM["only"]:
