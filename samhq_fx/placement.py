@@ -51,7 +51,7 @@ def misfit(m: Match) -> str | None:
     if arch is None:
         return _NO_KERNELS if q.device.type == "cuda" else None
     target = arch.of(q.device)
-    if target is None:  # CPU and other devices: the reference, correct and no faster
+    if target is None or kernels._INTERPRET:  # CPU and other devices: the reference; the interpreter takes any launch
         return None
     *batch, n_q, d = q.shape
     sizes = [_hint(s) for s in (n_q, d, v.shape[-1], *m.grid)]

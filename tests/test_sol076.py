@@ -113,8 +113,10 @@ def test_triton_op_option_emits_the_inductor_compiled_registration(tmp_path):
 def test_triton_op_auto_picks_the_registration_per_grid(tmp_path, monkeypatch):
     # "auto": the triton_op registration for a static key grid (graph 1, 4x4), the opaque op once Dynamo
     # recompiles with symbolic H, W (graph 2, 5x6), which the triton_op one cannot take. On CPU "auto" would
-    # keep the opaque op throughout (the kernels are verified for Hopper only): pretend this device is one.
-    monkeypatch.setattr(samhq_fx.op, "kernels_verified_for", lambda device: True)
+    # keep the opaque op throughout (it takes the triton_op one on CUDA GPUs only): pretend this device is one.
+    from samhq_fx import placement
+
+    monkeypatch.setattr(placement.arch, "of", lambda device: placement.arch.ARCHS["sm_90"])
     fresh_compile_state()
     layer = torch.compile(definition.attention_layer, backend="samhq",
                           options={"samhq.triton_op": "auto", "samhq.dump_dir": str(tmp_path)})
@@ -129,7 +131,7 @@ def test_triton_op_auto_picks_the_registration_per_grid(tmp_path, monkeypatch):
     second = (tmp_path / "graph_2_after.py").read_text()
     assert "samhq.rel_pos_attention.default" in second and "rel_pos_attention_inductor" not in second
     monkeypatch.undo()
-    assert not samhq_fx.op.kernels_verified_for(torch.device("cpu"))
+    assert placement.arch.of(torch.device("cpu")) is None
 
 
 # Inductor's caches across processes: a second process with the same layer hits the FX graph and AOT autograd

@@ -68,7 +68,7 @@ def fused_ops(fused: str, device: torch.device):
     if fused not in FUSED_CHOICES:
         raise ValueError(f"fused={fused!r}; choose from {FUSED_CHOICES}")
     if fused == "auto":
-        fused = "triton_op" if samhq_op.HAS_INDUCTOR_VARIANT and samhq_op.kernels_verified_for(device) else "opaque"
+        fused = "triton_op" if samhq_op.HAS_INDUCTOR_VARIANT and device.type == "cuda" else "opaque"
     if fused == "triton_op" and samhq_op.HAS_INDUCTOR_VARIANT:
         return (torch.ops.samhq.rel_pos_attention_inductor.default,
                 torch.ops.samhq.rel_pos_attention_inductor_backward.default)
