@@ -151,15 +151,12 @@ def _launch_options(cfg: dict) -> dict:
 # fp32 operands: TF32 wgmma reads both operands K-major from shared memory (only 16-bit types may be
 # transposed), so a B operand whose contiguous axis is not the reduction axis (V in P @ V, dO and Q in
 # the dV / dK products, K in dS @ K) was copied into shared memory 4 bytes at a time, with 8-way bank
-# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/NOTES.md; 78b6907). The host
-# hands those operands over a second time, transposed, so the kernels read them as 16-byte vectors.
-# Costs one extra read and write of q, k, v and dout per call. A knob so benchmarks can compare.
-KMAJOR_FP32 = True
+# conflicts (ncu on the H200: L1 87% busy, the SMs 9% busy; benchmarks/DECISIONS.md). The host hands those
+# operands over a second time, transposed, so the kernels read them as 16-byte vectors. Costs one extra
+# read and write of q, k, v and dout per call.
 # The dK/dV kernel reads rel_h / rel_w as [keys, queries] tiles, against their memory order, in every dtype
 # (bf16 PTX: 2- and 4-byte loads). With K-major fp32 it gets copies with queries contiguous; 16-bit inputs
-# get them where the config table's dK/dV row says BIAS_T (wide grids, and narrow ones with many rows: where
-# the copy is more than launch cost; configs.py). A switch so benchmarks can compare.
-BIAS_COPIES_16BIT = True
+# get them where the config table's dK/dV row says BIAS_T (configs.py).
 
 
 def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
@@ -167,7 +164,7 @@ def _kmajor(dtype: torch.dtype, wk: int, d_pad: int) -> bool:
     # 7x7x64 on the H200), those tiles being mostly padding and the call mostly launch time. Not for
     # head dims above 80 (64 + 16) either: the extra tiles do not fit shared memory beside the wide configs
     # (and those were measured without them).
-    return KMAJOR_FP32 and dtype == torch.float32 and wk > 8 and (d_pad <= 80 or _INTERPRET)
+    return dtype == torch.float32 and wk > 8 and (d_pad <= 80 or _INTERPRET)
 
 
 def _keys_kmajor(x, hk: int, wk: int, wk_pad: int, r: int):
@@ -325,7 +322,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
     # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged.
     # The gradients d_rel_h / d_rel_w come out contiguous in the terms' shapes (3-D or 4-D)
-    bias_t = kmajor or (BIAS_COPIES_16BIT and q.dtype != torch.float32 and cfg_kv.get("BIAS_T", False))
+    bias_t = kmajor or (q.dtype != torch.float32 and cfg_kv.get("BIAS_T", False))
 
     def kv_copies():  # dK/dV's operands: (qT, doT, rel_h^T, rel_w^T); the originals where unused
         bm = cfg_kv["BLOCK_M"]

@@ -93,18 +93,13 @@ def _to_3d(em: _Emitter, node: Node) -> Node:
     return em.method("flatten", node, 0, nd - 3)
 
 
-# Rel-pos terms of a 2-D query grid go to the op as [batch, Hq, Wq, K] (below). A switch so benchmarks can compare
-# with the flat [batch, Nq, K] rows of before (benchmarks/tools/profile_host.py, build "samhq-rel-rows").
-GRID_TERMS = True
-
-
 def _rel_term(em: _Emitter, term: RelTerm) -> Node:
     # leaf broadcast along one key axis -> [prod(batch), Nq, K], or [prod(batch), Hq, Wq, K] for a 2-D query grid:
     # the op reads the grid's two dims at their strides, where flattening them would copy the term whenever its
     # einsum wrote it grid row by grid row ([h, B*w, k]; one copy kernel a term a layer, 24 a ViT-B call)
     t = em.method("squeeze", term.node, term.squeeze)
     n_batch, n_query = len(term.batch), len(term.query)
-    if n_query > 2 or (n_query == 2 and not GRID_TERMS):
+    if n_query > 2:
         t = em.method("flatten", t, n_batch, n_batch + n_query - 1)
     if n_batch == 0:
         return em.method("unsqueeze", t, 0)
@@ -210,4 +205,4 @@ class RelPosAttentionPass(CustomGraphPass):
     def uuid(self) -> bytes:
         return get_hash_for_files(_source_files()) + (
             f"|min_seq_len={self.min_seq_len}|triton_op={self.triton_op}"
-            f"|{kernel_switches()}|grid_terms={GRID_TERMS}").encode()
+            f"|{kernel_switches()}").encode()

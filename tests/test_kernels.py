@@ -300,7 +300,6 @@ def test_bias_copies_for_16bit_inputs(monkeypatch, matmul_precision):
     # dK/dV's transposed rel_h / rel_w copies with bf16 inputs (BIAS_T): on a 2x20 grid and a 5x12 grid, whose
     # padded query blocks and rows differ. The GPU table turns them on per shape class (checked below)
     dtype, prec, tol = MODES["bf16"]
-    assert K.BIAS_COPIES_16BIT
     facts = dict(fp32=False, prec="none", wide=False, interpret=False)
     assert K.configs.config("dkdv", wk=20, rows=10, **facts).get("BIAS_T")
     assert K.configs.config("dkdv", wk=14, rows=100 * 12 * 196, **facts).get("BIAS_T")  # SAM's windows, batch 4
