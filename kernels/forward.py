@@ -63,8 +63,8 @@ def _fwd_kernel(
                  mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * LOG2E
     if R > 1 and WK != WK_PAD and HK % R == 0:
         # padded grid columns: -inf here, once, so that their scores come out -inf with no select per score
-        # (the 14x14 windows, 28x28): 270 -> 261 loop instructions (sm_90a SASS), bf16 forward -6% on the H200
-        # (6aad951). Not for R == 1: there a select per score cost fewer instructions than the -inf operand
+        # (the 14x14 windows, 28x28): 270 -> 261 loop instructions (sm_90a SASS), bf16 forward -6% on the H200.
+        # Not for R == 1: there a select per score cost fewer instructions than the -inf operand
         # did (56-wide grid: 370 -> 384). Not where R does not divide HK: the loop selects anyway (n_ok)
         rw = tl.where(col_ok[None, :], rw, float("-inf"))
 

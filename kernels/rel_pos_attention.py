@@ -38,7 +38,7 @@ torch.get_float32_matmul_precision() as PyTorch's matmuls do ("highest" -> 3-pas
 "high" and "medium" -> TF32). Accumulators and softmax statistics are fp32. "medium" is TF32, not
 bf16-cast operands, because that is what PyTorch's own fp32 matmuls do on CUDA in "medium" (cuBLAS has no
 bf16 path for fp32 GEMMs), and because bf16 operands fail SOL-ExecBench 076's rtol 1e-3 rule (measured on
-the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/NOTES.md, 2026-11-30).
+the H200: qkv_bias gradient only 89-92% of elements within tolerance; benchmarks/DECISIONS.md).
 
 Head dims: each of D and DV is one power-of-two chunk or two (tiles.split: 80 = 64 + 16, 96 = 64 + 32), each
 dot over a head dim one dot per chunk and each head-dim accumulator one per chunk, so ViT-H's 80 costs 80
@@ -47,7 +47,7 @@ columns of work, registers and shared memory, not 128.
 Operand layout (fp32): TF32 tensor-core products read both operands K-major, so the host passes V, K, Q,
 dout (and the dK/dV bias) a second time, transposed and zero-padded to whole tiles (`_keys_kmajor`,
 `_queries_kmajor`): every tile then arrives as 16-byte vectors. Without them Triton filled shared memory
-4 bytes at a time and the fp32 kernels were load-bound (benchmarks/NOTES.md; 78b6907).
+4 bytes at a time and the fp32 kernels were load-bound (benchmarks/DECISIONS.md).
 
 All launches go through torch.library.wrap_triton and host functions only allocate, copy (torch ops) and launch, so
 they can run inside a torch.library.triton_op traced by Inductor with fake tensors.
@@ -79,7 +79,7 @@ _MAX_WK = 128  # one key-grid row must fit in one key tile
 # ----------------------------------------------------------------------------------------------
 
 # "highest" runs 3-pass TF32 (a = hi + lo split; error ~ fp32 rounding): Triton's "ieee" dot runs on
-# FMA units at < 1 TFLOP/s on the H200 (213 ms for the SAM-B global layer, benchmarks/NOTES.md).
+# FMA units at < 1 TFLOP/s on the H200 (213 ms for the SAM-B global layer, benchmarks/DECISIONS.md).
 _FP32_PREC = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
 
 
@@ -114,7 +114,7 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
 
 
 # shape class -> (the table and overrides it was read from, config): a lookup walks the whole table in Python, ~20 us
-# a kernel on the H200's host (3 per backward call; benchmarks/NOTES.md, host path); a sweep or test that swaps
+# a kernel on the H200's host (3 per backward call; benchmarks/DECISIONS.md, host path); a sweep or test that swaps
 # TABLE or OVERRIDES reads the table again
 _CONFIGS: dict[tuple, tuple] = {}
 

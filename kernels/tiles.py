@@ -38,7 +38,7 @@ def tile(hk: int, wk: int, target_n: int) -> tuple[int, int]:
 
 # Head dims between powers of two run in two chunks (split below): ViT-H's global layer, 16 heads x 64x64, head dim
 # 80, bf16 forward + backward 1.159 ms chunked (64 + 16) against 2.041 ms padded to 128, 1.15x head dim 64's 1.008 ms
-# (H200, f6b9dbe, 2026-12-02; benchmarks/NOTES.md, kernels). SAMHQ_FX_SPLIT_HEAD_DIM=0 pads instead.
+# (H200; benchmarks/DECISIONS.md). SAMHQ_FX_SPLIT_HEAD_DIM=0 pads instead.
 SPLIT_HEAD_DIM = os.environ.get("SAMHQ_FX_SPLIT_HEAD_DIM", "1") != "0"
 
 
@@ -50,7 +50,7 @@ def split(d: int) -> tuple[int, int]:
 
     Only whole chunks: with a second chunk partly past the head dim (72 as 64 + 16, 40 as 32 + 16), the bf16
     forward's output was wrong on the H200 (triton 3.6; q / k dim 72 and v dim 40 at 12 x 48x48: output error 2.8
-    against float64, lse right; fp32 right), cause not found (f6b9dbe, 2026-12-02; benchmarks/NOTES.md, kernels)."""
+    against float64, lse right; fp32 right), cause not found (benchmarks/DECISIONS.md)."""
     full = max(16, triton.next_power_of_2(d))
     a, b = full // 2, d - full // 2
     if SPLIT_HEAD_DIM and 16 <= b < a and b & (b - 1) == 0:

@@ -5,7 +5,7 @@ SAM's `get_rel_pos` (HF transformers, segment-anything, ViTDet, MViTv2 alike) bu
 CPU indices. Every call then copies those indices to the GPU from pageable memory, which blocks the host
 until the GPU has caught up, in the forward gather and again in the backward's `index_put_`: 48
 cudaStreamSynchronize per bf16 SAM-HQ ViT-B training step on the H200, 478 us each (torch.profiler,
-benchmarks/NOTES.md, 2026-11-30). The host can then never run ahead of the GPU.
+benchmarks/DECISIONS.md). The host can then never run ahead of the GPU.
 
 `find_host_indices(graph)` returns, per target device, the factory calls (`torch.arange`) and the ops after
 them that compute only the index of row gathers `table[idx]` from a table on that device, and those gathers.

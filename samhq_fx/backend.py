@@ -86,7 +86,7 @@ def resolve_triton_op(triton_op: bool | str, patches: dict[str, Any]) -> bool | 
     if torch._dynamo.config.compiled_autograd:
         # compiled autograd re-traces the backward and opens a triton_op into triton_kernel_wrapper_functional,
         # which Dynamo (torch 2.11) cannot trace: the backward graph broke there and the attention backward
-        # ran outside every compiled graph (GPU test, 354cac1). The opaque op stays one node.
+        # ran outside every compiled graph (GPU test). The opaque op stays one node.
         return False
     return "auto"
 
@@ -96,7 +96,7 @@ def launch_user_kernels_statically(patches: dict[str, Any]) -> None:
     as it launches its own (option samhq.static_launch), unless the user's Inductor options say otherwise.
     Triton's own launcher binds and specialises every argument in Python on each call: 12 forward launches of the
     bf16 ViT-B encoder at batch 1 cost about as much host time as its other 147 launches together (cProfile on the
-    H200, benchmarks/NOTES.md, host path). A kernel that cannot be launched statically keeps Triton's launcher
+    H200, benchmarks/DECISIONS.md, host path). A kernel that cannot be launched statically keeps Triton's launcher
     (Inductor decides per kernel).
 
     Inductor decides that where it compiles the kernel, which is in its compile workers (separate processes), and

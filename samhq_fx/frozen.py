@@ -4,7 +4,7 @@
 
 Under `torch.autocast(dtype=torch.bfloat16)` every `nn.Linear` and `nn.ConvNd` casts its fp32 weight and bias to
 bf16 on every call, and a compiled graph does the same: cast kernels on every call (at least 60 `_to_copy` kernels
-a step in the compiled frozen ViT-B encoder of SAM-HQ's decoder recipe, H200 profile, benchmarks/NOTES.md). A weight
+a step in the compiled frozen ViT-B encoder of SAM-HQ's decoder recipe, H200 profile, benchmarks/DECISIONS.md). A weight
 that is never trained needs no fp32 master, so it can be stored in bf16 once. The result is bit-identical:
 autocast rounds the fp32 weight to bf16 before the GEMM either way, and a bf16 weight passes through its cast
 unchanged. Only frozen parameters (requires_grad False) of modules whose forward is one autocast-cast op on them

@@ -18,7 +18,7 @@ elements, which for SAM's tables (R = 2 * 64 - 1 rows, 64 x 64 indices at 1024x1
 keep PyTorch's sort-based `index_put_(accumulate=True)` behind an opaque op (`index_rows_backward`), also
 deterministic. Measured on the H200 (bf16 SAM-HQ ViT-B training step, batch 1, default mode): the opaque op pair
 cost 11.3 ms of host time per step, 24 forward and 24 backward calls (torch.profiler and cProfile,
-benchmarks/NOTES.md, host path).
+benchmarks/DECISIONS.md, host path).
 """
 
 from __future__ import annotations
