@@ -341,5 +341,27 @@ def rel_pos_attention(q, k, v, rel_h, rel_w, scale: float | None = None) -> torc
     if scale is None and isinstance(q, torch.Tensor) and q.dim() == 3:
         scale = q.shape[-1] ** -0.5
     _check_inputs(q, k, v, rel_h, rel_w, scale)
+    if q.device.type == "cuda" and not torch.compiler.is_compiling():
+        return _EagerRelPosAttention.apply(q, k, v, rel_h, rel_w, float(scale))
     out, _lse = torch.ops.samhq.rel_pos_attention(q, k, v, rel_h, rel_w, float(scale))
     return out
+
+
+class _EagerRelPosAttention(torch.autograd.Function):
+    """The op called eagerly on CUDA: the same implementation as torch.ops.samhq.rel_pos_attention, without the
+    custom op's dispatch (its Python layers cost more host time than the attention's GPU time at SAM's windows).
+    Traced code (Dynamo, export) keeps the custom op, one node."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, scale):
+        with _direct_triton_launch():
+            out, lse = _fwd_impl(q, k, v, rel_h, rel_w, scale)
+        ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        with _direct_triton_launch():
+            grads = _bwd_impl(dout, *ctx.saved_tensors, ctx.scale)
+        return (*grads, None)

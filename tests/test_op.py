@@ -301,3 +301,18 @@ def test_nonfinite_inputs_behave_as_eager(poison):
     g_ref = torch.autograd.grad(ref, (q, k, v, rh, rw), dout)
     for name, a, b in zip(("dq", "dk", "dv", "d_rel_h", "d_rel_w"), g_got, g_ref):
         assert torch.equal(torch.isnan(a), torch.isnan(b)), name
+
+
+def test_eager_autograd_function_matches_the_custom_op():
+    # On CUDA an eager call skips the custom op's dispatch (op._EagerRelPosAttention); same outputs and gradients
+    from samhq_fx import op
+
+    inputs = rand_inputs(2, (3, 4), (3, 4), 8, requires_grad=True, seed=11)
+    dout = torch.randn(2, 12, 8, generator=torch.Generator().manual_seed(12))
+    fast = op._EagerRelPosAttention.apply(*inputs, 0.3)
+    grads_fast = torch.autograd.grad(fast, inputs, dout)
+    ref, _ = torch.ops.samhq.rel_pos_attention(*inputs, 0.3)
+    grads_ref = torch.autograd.grad(ref, inputs, dout)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=0)
+    for a, b in zip(grads_fast, grads_ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
