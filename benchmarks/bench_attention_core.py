@@ -15,27 +15,27 @@ FLOPs counted per head: forward 4*N*N*D (QK^T and PV), backward 10*N*N*D (FA con
 dS^T Q, dS K plus the QK^T recompute); our backward actually executes 14*N*N*D (P recomputed in both
 backward kernels to stay atomic-free), which the TFLOP/s column does not credit.
 
-Usage: python benchmarks/bench_attention_core.py [--out DIR] [--skip-baselines] [--skip-sol]
+Usage: python benchmarks/bench_attention_core.py [--out FILE] [--skip-baselines] [--skip-sol] [--sam-sizes]
 (block-config and variant sweeps: benchmarks/tools/sweep_kernels.py)
-Writes bench_attention_core.json to --out (default $OUT or .).
+Appends one row per measurement to benchmarks/results/bench_attention_core.jsonl (or --out: a .jsonl file, or a
+directory for <dir>/bench_attention_core.jsonl), each starting with common.row_meta (commit, date, GPU, versions)
+and naming its section: host_us, sam_b_global, sol_076 or sam_sizes.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import env_info  # noqa: E402
+import common  # noqa: E402
 
 try:
     from samhq_fx.kernels import rel_pos_attention as K
@@ -43,6 +43,7 @@ except ImportError:  # run from the repo root without the package installed
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from kernels import rel_pos_attention as K
 
+HARNESS = "bench_attention_core"  # its rows: benchmarks/results/bench_attention_core.jsonl
 HEADS, D = 12, 64
 MODES = {"bf16": (torch.bfloat16, "highest"), "fp32-tf32": (torch.float32, "high"),
          "fp32-highest": (torch.float32, "highest")}
@@ -292,8 +293,9 @@ def print_sam_sizes(rows):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help=f"append the rows to this .jsonl file (a directory: "
+                                                f"<dir>/{HARNESS}.jsonl) instead of benchmarks/results/{HARNESS}.jsonl")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--skip-sol", action="store_true")
     ap.add_argument("--sam-sizes", action="store_true",
@@ -309,35 +311,37 @@ def main():
         i, n = map(int, args.shard.split("/"))
         SOL = SOL[i::n]
         args.skip_baselines = True
-    results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                   env=env_info(), config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
-    path = os.path.join(args.out, "bench_attention_core.json")
+    env = common.env_info()
+    meta = common.row_meta(env, torch.device("cuda"))
+    path = common.results_path(HARNESS, args.out)
+    results: dict = {}
 
-    def save():
-        if args.warm_only:
-            return
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
+    def save(section: str):
+        if not args.warm_only:
+            common.append_rows(path, [{**meta, "section": section, **r} for r in results[section]])
 
     if args.sam_sizes:
-        results["sam_sizes"] = sam_sizes(results)
-        with open(os.path.join(args.out, "bench_attention_core_sam_sizes.json"), "w") as f:
-            json.dump(results, f, indent=1)
+        sam_sizes(results)
+        save("sam_sizes")
         print_sam_sizes(results["sam_sizes"])
         return
     q, k, v, rh, rw, do = make(HEADS, 7, torch.bfloat16)
     f, b_, both = ours_fns(q, k, v, rh, rw, do, 0.125)
-    results["host_us"] = dict(fwd=host_overhead_us(f), bwd=host_overhead_us(b_), fwd_bwd=host_overhead_us(both))
-    print("host time per call (us), tiny shape:", results["host_us"], flush=True)
+    results["host_us"] = [dict(shape="7x7x1", fwd_us=host_overhead_us(f), bwd_us=host_overhead_us(b_),
+                               fwd_bwd_us=host_overhead_us(both))]
+    print("host time per call (us), tiny shape:", results["host_us"][0], flush=True)
+    save("host_us")
     rows = [] if args.warm_only else sam_b_global(results, args.skip_baselines)
-    save()
+    if rows:
+        save("sam_b_global")
     baseline = load_module(args.baseline) if args.baseline else None
     sol = [] if args.skip_sol else sol_shapes(results, baseline=baseline)
     if args.warm_only:
         return
-    save()
+    if sol:
+        save("sol_076")
 
-    print(f"\n{results['gpu']}  torch {results['torch']}  triton {results['triton']}")
+    print(f"\n{env['device']}  torch {env['torch']}  triton {env['triton']}")
     print("SAM-B global layer (12 heads, 64x64, D=64), fwd+bwd, do_bench median:")
     print("ms = CUDA-graph replay (GPU time); eager = plain calls (adds Python launch overhead)")
     print(f"{'mode':<13}{'impl':<14}{'ms':>8}{'eager':>8}{'peak GB':>9}{'TFLOP/s':>9}{'fwd ms':>8}{'bwd ms':>8}")

@@ -10,7 +10,10 @@ What lives here, once:
     between its two markers.  The flush runs before the opening marker, so it is never inside a span.
     span = last end - first start of those records (kernels, memcpy and memset);
   * wall time per call from CUDA events (`wall_times`), or perf_counter on CPU;
-  * the time budget (`Budget`), JSON writing/merging (`write_json`, `load_rows`), and a plain-text table;
+  * the time budget (`Budget`) and a plain-text table;
+  * the results rows: every harness appends one JSON object per measurement to benchmarks/results/<harness>.jsonl
+    (or to its --out), each carrying `row_meta` (the commit, the date, the GPU and the torch / triton /
+    transformers versions it ran with) (`results_path`, `append_rows`, `load_rows`);
   * several GPUs of one host (`--gpus N`, `run_on_gpus`): the cells are split by estimated cost into N
     shares, each timed serially by its own process pinned to one GPU (CUDA_VISIBLE_DEVICES), and the rows
     merged. Compiling is CPU-bound and single-threaded per process, so N GPUs give ~N times the cells per
@@ -334,23 +337,59 @@ class Budget:
 
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+META = ("commit", "date", "gpu", "torch", "triton", "transformers")  # what row_meta gives every row, in this order
 
 
-def add_run_args(ap, results: str, budget: float = 480.0, resume: bool = True, profile: str | None = None,
-                 chart: bool = True) -> None:
+def row_meta(env: dict, device: torch.device) -> dict:
+    """The fields every results row starts with: the commit the run timed (git describe, "-dirty" with local
+    changes), the run's start (UTC), the GPU (None on CPU) and the library versions. env: env_info()."""
+    return {"commit": env.get("git"), "date": env.get("date"), "gpu": env["device"] if device.type == "cuda" else None,
+            "torch": env.get("torch"), "triton": env.get("triton"), "transformers": env.get("transformers")}
+
+
+def results_path(harness: str, out: str | None, default: bool = True) -> str | None:
+    """Where a harness appends its rows: --out (a .jsonl file, or an existing directory: <dir>/<harness>.jsonl), else
+    benchmarks/results/<harness>.jsonl; None when there is no --out and `default` is off (a --quick run)."""
+    if out:
+        return os.path.join(out, harness + ".jsonl") if os.path.isdir(out) else out
+    return os.path.join(RESULTS_DIR, harness + ".jsonl") if default else None
+
+
+def append_rows(path: str | None, rows: Iterable[dict]) -> None:
+    """Append rows to a JSONL file, one JSON object a line, flushed at once (a run stopped later keeps them)."""
+    rows = list(rows)
+    if not path or not rows:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
+
+
+def load_rows(path: str | None) -> list[dict]:
+    """The rows of a results JSONL (for --resume, and what --gpus' processes wrote); [] if there is none."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def add_run_args(ap, harness: str, budget: float = 480.0, resume: bool = True, profile: str | None = None,
+                 chart: str | None = None) -> None:
     """--out, --time-budget, --device, and where the runner has them --resume / --no-profile / --no-chart: the
-    flags the runners share. results: the file(s) it writes, for --out's help; profile: what --no-profile skips."""
-    ap.add_argument("--out", default=RESULTS_DIR, help=f"results directory ({results})")
+    flags the runners share. profile: what --no-profile skips; chart: the charts it draws (beside its rows)."""
+    ap.add_argument("--out", default=None,
+                    help=f"append the rows to this .jsonl file (a directory: <dir>/{harness}.jsonl) instead of "
+                         f"benchmarks/results/{harness}.jsonl; --quick writes rows only here")
     if resume:
-        ap.add_argument("--resume", default=None, help="an earlier results JSON: keep its finished cells, run only "
-                                                       "the rest, write the union to --out")
+        ap.add_argument("--resume", default=None, help="an earlier results .jsonl (e.g. a cut run's --out): its "
+                                                       "finished cells are not run again")
     ap.add_argument("--time-budget", type=float, default=budget,
                     help="seconds; cells that would not finish in time are skipped (listed; use --resume). 0 = none")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     if profile:
         ap.add_argument("--no-profile", dest="profile", action="store_false", help=f"skip {profile}")
     if chart:
-        ap.add_argument("--no-chart", dest="chart", action="store_false", help="do not write PNG charts")
+        ap.add_argument("--no-chart", dest="chart", action="store_false", help=f"do not draw {chart}")
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -358,14 +397,16 @@ def pick_device(name: str | None) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def start_run(args, priors: dict) -> tuple[torch.device, "Budget", dict]:
+def start_run(args, priors: dict) -> tuple[torch.device, "Budget", dict, dict]:
     """A runner's start: its device, its time budget (priors: estimated seconds per cell kind), --gpus checked
-    against the GPUs there are (where the runner has --gpus), and the environment for the results file."""
+    against the GPUs there are (where the runner has --gpus), the environment (for its log line) and the metadata
+    its rows start with (row_meta)."""
     device = pick_device(args.device)
     budget = Budget(args.time_budget, priors)
     if hasattr(args, "gpus"):
         args.gpus = usable_gpus(args.gpus, device, budget.t0)
-    return device, budget, env_info()
+    env = env_info()
+    return device, budget, env, row_meta(env, device)
 
 
 def add_cell_args(ap, cell_form: str) -> None:
@@ -417,13 +458,13 @@ def usable_gpus(requested: int, device: torch.device, t0: float | None = None) -
     return max(1, min(requested, have))
 
 
-def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str], results_name: str,
-                timeout: float | None, t0: float | None = None) -> list[dict]:
-    """Run `script --cells <shard k> --out <tmp>/gpu<k> *extra_args` on the k-th visible GPU, all shards at
+def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str], timeout: float | None,
+                t0: float | None = None) -> list[dict]:
+    """Run `script --cells <shard k> --out <tmp>/gpu<k>.jsonl *extra_args` on the k-th visible GPU, all shards at
     once, and return the union of the rows they wrote. Their progress lines go to this process's stdout.
 
-    Each process saves its results file after every cell, so a process that fails or is stopped at `timeout`
-    seconds still contributes the cells it finished; the caller reports the rest as not run."""
+    Each process appends its rows as it finishes them, so a process that fails or is stopped at `timeout` seconds
+    still contributes the cells it finished; the caller reports the rest as not run."""
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(script))[0] + "_gpus_")
@@ -433,7 +474,7 @@ def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str],
     procs = []
     for k, cells in enumerate(shards):
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=ids[k])
-        cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", os.path.join(tmp, f"gpu{k}"), *extra_args]
+        cmd = [sys.executable, script, "--cells", ";".join(cells), "--out", os.path.join(tmp, f"gpu{k}.jsonl"), *extra_args]
         # same session as this process: whoever stops this run (a job's timeout, a machine's cleanup) stops them too
         procs.append(subprocess.Popen(cmd, env=env))
     log(f"{sum(map(len, shards))} cells on {len(shards)} GPUs: " + ", ".join(f"GPU {k}: {len(s)}" for k, s in enumerate(shards)), t0)
@@ -448,25 +489,8 @@ def run_on_gpus(script: str, shards: list[list[str]], extra_args: Sequence[str],
             rc = "timeout"
         if rc != 0:
             log(f"GPU {k}'s process ended with {rc}; its finished cells are kept", t0)
-        rows += load_rows(os.path.join(tmp, f"gpu{k}", results_name))
+        rows += load_rows(os.path.join(tmp, f"gpu{k}.jsonl"))
     return rows
-
-
-def load_rows(path: str | None) -> list[dict]:
-    """Rows of an earlier results JSON (for --resume); [] if none."""
-    if not path or not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return json.load(f).get("results", [])
-
-
-def write_json(path: str, payload: dict) -> None:
-    """Write atomically, so a run killed mid-write leaves the previous complete file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1, default=str)
-    os.replace(tmp, path)
 
 
 def fmt(x, spec: str = ".1f", none: str = "-") -> str:

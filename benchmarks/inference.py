@@ -52,7 +52,9 @@ Summaries, over the OK rows of the run:
   python benchmarks/inference.py --modes default          # default-mode builds (and the eager baselines) only
   python benchmarks/inference.py --gpus 2                 # the 4 (dtype, batch) groups over 2 GPUs
   python benchmarks/inference.py --quick                  # CPU smoke test (small model), used in CI
-Writes <out>/inference.json after every cell, <out>/inference.png (if matplotlib), and a table last.
+Appends one row per cell to benchmarks/results/inference.jsonl (or --out) as the cell finishes (a default-mode
+compiled cell timed again in rotation: after its group), each starting with common.row_meta (commit, date, GPU,
+versions); draws inference.png beside it (if matplotlib) and prints a table last.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ TARGETS = ("encoder", "model")
 MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
 CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1}
 PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forward-only compiles: guess, H200 host
-RESULTS_NAME = "inference.json"
+HARNESS = "inference"  # its rows: benchmarks/results/inference.jsonl
 
 
 def build(attn: str, quick: bool, device: torch.device, dtype: str, size: str = "vit-b"):
@@ -254,7 +256,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up calls per cell, the first (compiling) one included")
-    common.add_run_args(ap, "inference.json, inference.png", resume=False, profile="the GPU-busy profile")
+    common.add_run_args(ap, HARNESS, resume=False, profile="the GPU-busy profile", chart="inference.png")
     ap.add_argument("--no-rotate", dest="rotate", action="store_false",
                     help="time each default-mode compiled cell once, right after its compile, instead of again in "
                          "rotation with the group's others (rotate())")
@@ -283,7 +285,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device, budget, env = common.start_run(args, PRIORS)
+    device, budget, env, meta = common.start_run(args, PRIORS)
     t0 = budget.t0
     common.log(f"inference on {env['device']}: torch {env['torch']}; model {args.model}; impls {','.join(args.impls)}; "
                f"targets {args.target}; batch {args.batch}; {','.join(args.dtype)}", t0)
@@ -296,19 +298,12 @@ def main(argv=None) -> dict:
         todo = [c for c in todo if c[1] != "bf16"]
     rows: list[dict] = []
     skipped: list[dict] = []
-    path = os.path.join(args.out, RESULTS_NAME)
-    method = __doc__[__doc__.index("Model:"):__doc__.index("  python benchmarks")].strip()
-    config = {"iters": args.iters, "warmup": args.warmup, "quick": args.quick, "profile": args.profile,
-              "gpus": args.gpus, "model": args.model,
-              "model_config": "sam_hq_config(full=False)" if args.quick else f"sam_hq_config(full=True, size={args.model!r})"}
+    path = common.results_path(HARNESS, args.out, default=not args.quick)
 
-    def save():
+    def finish(new: list[dict]) -> None:
+        """Check the new rows against their eager reference, then append them."""
         check_outputs(rows)
-        payload = {"benchmark": "SamHQModel inference (forward, no grad; SAM-HQ ViT-B/L/H encoder, each row's model)", "env": env, "method": method,
-                   "config": config, "results": rows, "summary": summarize(rows),
-                   "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
-        common.write_json(path, payload)
-        return payload
+        common.append_rows(path, new)
 
     if args.gpus > 1:  # whole groups per GPU, so each group's impls are timed in one process
         if args.target != ("encoder",):
@@ -318,13 +313,15 @@ def main(argv=None) -> dict:
                                      group=lambda c: c.rsplit("/", 1)[0])
         child = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
                  "--no-chart", "--device", "cuda", "--model", args.model] + ([] if args.profile else ["--no-profile"])
-        rows += common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
+        rows += common.run_on_gpus(os.path.abspath(__file__), shares, child,
                                    timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
+        finish(rows)
         done = {(r["target"], r["dtype"], r["batch"], r["impl"]) for r in rows}
         skipped += [dict(zip(CELL, c), model=args.model) for c in todo if c not in done]
         todo = []
-    # Per group (target, dtype, batch): eager and reduce-overhead cells first, one at a time; then the
-    # default-mode compiled cells, kept alive and timed again in rotation (--rotate; rotate()).
+    # Per group (target, dtype, batch): eager cells first (eager-eager, the check's reference, before all), then
+    # reduce-overhead cells, one at a time; then the default-mode compiled cells, kept alive and timed again in
+    # rotation (--rotate; rotate()).
     groups: dict[tuple, list] = {}
     for key in todo:
         groups.setdefault(key[:3], []).append(key)
@@ -334,18 +331,19 @@ def main(argv=None) -> dict:
         group_rows: dict = {}
         common.reset_compile_state()
         with common.recompile_limit_patch():
-            for key in sorted(cells, key=rotating):  # stable: the listed order within each kind
+            for key in sorted(cells, key=lambda k: (rotating(k), IMPLS[k[3]].backend is not None, k[3] != "eager-eager")):
                 if not budget.fits(key[3]):
                     skipped.append(dict(zip(CELL, key), model=args.model))
                     continue
                 tcell = time.perf_counter()
                 row = run_cell(key, args, device, keep if rotating(key) else None)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
-                row["git"] = env.get("git")
+                row = {**meta, **row, "iters": args.iters, "warmup": args.warmup}
                 budget.record(key[3], row["cell_s"])
                 rows.append(row)
                 group_rows[key] = row
-                save()
+                if not rotating(key):
+                    finish([row])
                 common.log(f"{args.model} {key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
                            f"{common.fmt(row['latency_ms'], '.2f'):>8s} ms  {common.fmt(row['images_per_s']):>8s} img/s  "
                            f"host {common.fmt(row['host_ms'], '.2f')} ms  "
@@ -356,18 +354,20 @@ def main(argv=None) -> dict:
                 for key in (k for k in keep if "latency_ms_by_round" in group_rows[k]):
                     common.log(f"{args.model} {key[0]} {key[1]} B={key[2]} {key[3]:18s} rotated "
                                + " ".join(f"{x:.2f}" for x in group_rows[key]["latency_ms_by_round"]) + " ms", t0)
-                save()
+            finish([r for key, r in group_rows.items() if rotating(key)])
         keep.clear()
         common.reset_compile_state()
-    payload = save()
-    if args.chart:
-        for msg in plot.inference_chart(payload, args.out):
+    check_outputs(rows)
+    result = {"results": rows, "summary": summarize(rows), "summary_by_mode": summarize_by_mode(rows),
+              "skipped": skipped}
+    if args.chart and path:
+        for msg in plot.inference_chart(rows, os.path.dirname(os.path.abspath(path))):
             common.log(msg, t0)
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
-    common.log(f"wrote {path}", t0)
-    plot.print_summary_by_mode(payload["summary_by_mode"])
-    return payload
+    common.log(f"appended {len(rows)} rows to {path}" if path else "--quick without --out: no rows written", t0)
+    plot.print_summary_by_mode(result["summary_by_mode"])
+    return result
 
 
 if __name__ == "__main__":

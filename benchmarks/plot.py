@@ -1,21 +1,22 @@
-"""Charts and summaries of the benchmark results, from the results JSON alone; merging results files.
+"""Charts and summaries of the benchmark results, from the results rows alone.
 
-    python benchmarks/plot.py benchmarks/results/sol076.json [other sol076.json ...]   # merge, table, charts
-    python benchmarks/plot.py benchmarks/results/train_step.json
-    python benchmarks/plot.py benchmarks/results/inference.json
-    python benchmarks/plot.py --default-mode OUT.png benchmarks/results/profile_host_*.json   # host vs GPU per build
+    python benchmarks/plot.py benchmarks/results/sol076.jsonl [more sol076 rows.jsonl ...]   # table, summary, charts
+    python benchmarks/plot.py benchmarks/results/train_step.jsonl --gpu H200
+    python benchmarks/plot.py benchmarks/results/inference.jsonl
+    python benchmarks/plot.py --default-mode OUT.png benchmarks/results/profile_host.jsonl   # host vs GPU per build
 
-Everything here reads result rows (dicts from the runners' JSON), nothing else: the runners
-(sol076/compare_impls.py, train_step.py, inference.py) call these functions, never the other way round, so a chart
-can be redrawn from a results file without the code that timed it.  Orders come from the rows (workloads by
-size, implementations as they first appear).
-Merging: rows are keyed by (precision, workload, impl) for sol076, (model, impl, batch, dtype) for train_step and
-(model, target, dtype, batch, impl) for inference; a later file wins.  A train_step / inference row without
-`model` (files written before --model) is read as "vit-b", one without `compiler` / `mode` by its impl name
-(normalize_rows).  The merged JSON is written next to the first
-file as *_merged.json.  train_step / inference charts: one panel per model, one bar per impl (one color per impl in
-every panel), the reduce-overhead builds hatched; their summaries: best_per_family ("summary", any mode) and
-best_by_mode ("summary_by_mode", samhq against Inductor of the same mode, printed as lines).  matplotlib is optional (not installed in CI): without it the charts are skipped with
+Everything here reads result rows (the JSON objects of a harness's benchmarks/results/<harness>.jsonl, one a line),
+nothing else: the runners (sol076/compare_impls.py, sol076/time_entry.py, train_step.py, inference.py) call these
+functions, never the other way round, so a chart can be redrawn from the rows without the code that timed them.
+Orders come from the rows (workloads by size, implementations as they first appear).
+A cell is keyed by (precision, workload, impl) for sol076 and sol076_entry, (model, img, impl, batch, dtype) for
+train_step and (model, img, target, dtype, batch, impl) for inference; of the rows of one cell the last one read
+wins (files in the order given, rows in file order: the latest run), and --gpu keeps the rows whose GPU name
+contains it.  A train_step / inference row without `model` is read as "vit-b", one without `img` as 1024, one
+without `compiler` / `mode` by its impl name (normalize_rows).  train_step / inference charts: one panel per model,
+one bar per impl (one color per impl in every panel), the reduce-overhead builds hatched; their summaries:
+best_per_family (any mode) and best_by_mode (samhq against Inductor of the same mode, printed as lines).  Charts are
+written beside the first file; matplotlib is optional (not installed in CI): without it the charts are skipped with
 a message.
 """
 
@@ -136,10 +137,9 @@ def sol076_summary(rows: list[dict]) -> dict:
     return out
 
 
-def sol076_charts(payload: dict, out_dir: str) -> list[str]:
-    """One chart per precision: latency (kernel span, else wall) per workload per implementation, log scale.
-    Bars only for PASS cells."""
-    rows = payload["results"]
+def sol076_charts(rows: list[dict], out_dir: str, prefix: str = "sol076") -> list[str]:
+    """One chart per precision, <prefix>_<precision>.png: latency (kernel span, else wall) per workload per
+    implementation, log scale. Bars only for PASS cells."""
     msgs = []
     precs = sorted({r["precision"] for r in rows}, key=lambda p: (PRECISION_ORDER + (p,)).index(p))
     for prec in precs:
@@ -150,10 +150,15 @@ def sol076_charts(payload: dict, out_dir: str) -> list[str]:
         series = {i: [metric(cell[(w, i)]) if (w, i) in cell and cell[(w, i)]["status"] == "PASS" else None
                       for w in wls] for i in impls}
         what = "kernel span" if any(r.get("span_us") for r in pr) else "wall time"
-        msgs.append(bar_chart(wls, series, os.path.join(out_dir, f"sol076_{prec}.png"),
-                              f"SOL-ExecBench L2/076 backward, {payload['env'].get('device')}, fp32 matmul {prec}",
+        msgs.append(bar_chart(wls, series, os.path.join(out_dir, f"{prefix}_{prec}.png"),
+                              f"SOL-ExecBench L2/076 backward, {gpus(pr)}, fp32 matmul {prec}",
                               f"{what} per call (us, log)"))
     return msgs
+
+
+def gpus(rows: list[dict]) -> str:
+    """The GPU names of the rows, for a chart's title ("CPU" for rows without one)."""
+    return ", ".join(dict.fromkeys(r.get("gpu") or "CPU" for r in rows)) or "-"
 
 
 def _model_panels(rows: list[dict], group: tuple, value: str, label) -> tuple[list, set]:
@@ -170,36 +175,41 @@ def _model_panels(rows: list[dict], group: tuple, value: str, label) -> tuple[li
     return panels, {r["impl"] for r in rows if r["mode"] == "reduce-overhead"}
 
 
-def train_chart(payload: dict, out_dir: str) -> list[str]:
-    """ms/step per (batch, dtype) group, one bar per implementation (CUDA-graph builds hatched), one panel per model."""
-    rows = [r for r in payload["results"] if r.get("ms_per_step")]
-    panels, ro = _model_panels(rows, ("batch", "dtype"), "ms_per_step", lambda b, d: f"B={b} {d}")
+def train_chart(rows: list[dict], out_dir: str) -> list[str]:
+    """train_step.png: ms/step per (img, batch, dtype) group, one bar per implementation (CUDA-graph builds hatched),
+    one panel per model."""
+    rows = [r for r in rows if r.get("ms_per_step")]
+    panels, ro = _model_panels(rows, ("img", "batch", "dtype"), "ms_per_step", lambda s, b, d: f"{s}px B={b} {d}")
     if not panels:
         return []
     return [panel_chart(panels, os.path.join(out_dir, "train_step.png"),
-                        f"SAM-HQ encoder train step, {payload['env'].get('device')}", "ms / step (log)", hatched=ro)]
+                        f"SAM-HQ encoder train step, {gpus(rows)}", "ms / step (log)", hatched=ro)]
 
 
-def inference_chart(payload: dict, out_dir: str) -> list[str]:
-    """images/s per (target, dtype, batch) group, one bar per implementation (CUDA-graph builds hatched), one panel
-    per model."""
-    rows = [r for r in payload["results"] if r.get("images_per_s")]
-    panels, ro = _model_panels(rows, ("target", "dtype", "batch"), "images_per_s", lambda t, d, b: f"{t} {d} B={b}")
+def inference_chart(rows: list[dict], out_dir: str) -> list[str]:
+    """inference.png: images/s per (img, target, dtype, batch) group, one bar per implementation (CUDA-graph builds
+    hatched), one panel per model."""
+    rows = [r for r in rows if r.get("images_per_s")]
+    panels, ro = _model_panels(rows, ("img", "target", "dtype", "batch"), "images_per_s",
+                               lambda s, t, d, b: f"{s}px {t} {d} B={b}")
     if not panels:
         return []
     return [panel_chart(panels, os.path.join(out_dir, "inference.png"),
-                        f"SAM-HQ inference (no grad), {payload['env'].get('device')}", "images / s (log)", hatched=ro)]
+                        f"SAM-HQ inference (no grad), {gpus(rows)}", "images / s (log)", hatched=ro)]
 
 
-DEFAULT_MODEL = "vit-b"  # what the rows of files written before `model` was recorded timed
+DEFAULT_MODEL = "vit-b"  # what the rows written before `model` was recorded timed
+DEFAULT_IMG = 1024  # and the image size of every row written before `img` was
 
 
 def normalize_rows(rows: list[dict]) -> list[dict]:
-    """train_step / inference rows as the summaries and charts read them, filled in place: `model` missing (files
-    written before --model) is "vit-b"; `compiler` and `mode` missing (older train_step files) are read from the
-    impl name (benchmarks/impls.py spells them: "samhq-*" / "inductor*" compiled, "-ro" reduce-overhead)."""
+    """train_step / inference rows as the summaries and charts read them, filled in place: `model` missing (rows
+    written before --model) is "vit-b", `img` missing 1024; `compiler` and `mode` missing (older train_step rows) are
+    read from the impl name (benchmarks/impls.py spells them: "samhq-*" / "inductor*" compiled, "-ro"
+    reduce-overhead)."""
     for r in rows:
         r.setdefault("model", DEFAULT_MODEL)
+        r.setdefault("img", DEFAULT_IMG)
         name = str(r.get("impl", ""))
         if "compiler" not in r:
             r["compiler"] = next((c for c in ("samhq", "inductor") if name.startswith(c)), "none")
@@ -281,7 +291,8 @@ def best_by_mode(rows: list[dict], group: tuple, value: str) -> list[dict]:
 def summary_line(entry: dict, group: tuple, value: str) -> str:
     """One best_by_mode entry as a line, e.g. 'vit-b bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms:
     1.73x (host 1.2 / 2.3 ms, busy 88% / 93%)' (samhq first in each pair; '-' where not measured)."""
-    head = " ".join(f"b{entry[g]}" if g == "batch" else str(entry[g]) for g in group) + f" {entry['mode']}:"
+    head = " ".join(f"b{entry[g]}" if g == "batch" else f"{entry[g]}px" if g == "img" else str(entry[g])
+                    for g in group) + f" {entry['mode']}:"
     s, i = entry.get("samhq"), entry.get("inductor")
     side = lambda f: f"{entry[f]} {_ms(entry[f'{f}_{value}'])} ms"  # noqa: E731
     if s and i:
@@ -304,49 +315,68 @@ def print_summary_by_mode(entries: list[dict]) -> None:
         print("\n".join(e["line"] for e in entries), flush=True)
 
 
-# kind: (row key for merging, table columns, chart)
+# harness: (a cell's key, table columns, chart)
 KINDS = {
     "sol076": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us", "peak_mib",
                                                     "status"), sol076_charts),
-    "train_step": (("model", "impl", "batch", "dtype"),
-                   ("model", "dtype", "batch", "impl", "ms_per_step", "host_ms", "gpu_ms", "gpu_busy", "peak_mib",
-                    "cudagraph_skips", "status"), train_chart),
-    "inference": (("model", "target", "dtype", "batch", "impl"),
-                  ("model", "target", "dtype", "batch", "impl", "latency_ms", "images_per_s", "host_ms", "gpu_ms",
-                   "gpu_busy", "peak_mib", "cudagraph_skips", "status"), inference_chart),
+    "sol076_entry": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us",
+                                                          "n_kernels", "peak_mib", "status"),
+                     lambda rows, out_dir: sol076_charts(rows, out_dir, "sol076_entry")),
+    "train_step": (("model", "img", "impl", "batch", "dtype"),
+                   ("model", "img", "dtype", "batch", "impl", "ms_per_step", "host_ms", "gpu_ms", "gpu_busy",
+                    "peak_mib", "cudagraph_skips", "status"), train_chart),
+    "inference": (("model", "img", "target", "dtype", "batch", "impl"),
+                  ("model", "img", "target", "dtype", "batch", "impl", "latency_ms", "images_per_s", "host_ms",
+                   "gpu_ms", "gpu_busy", "peak_mib", "cudagraph_skips", "status"), inference_chart),
 }
 
 
-SUMMARY_GROUPS = {"train_step": ("model", "dtype", "batch"), "inference": ("model", "target", "dtype", "batch")}
+SUMMARY_GROUPS = {"train_step": ("model", "img", "dtype", "batch"), "inference": ("model", "img", "target", "dtype", "batch")}
 SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 
-def default_mode_rows(payloads: list[dict]) -> list[dict]:
-    """One row per (cell, build) of benchmarks/tools/profile_host.py results: wall, GPU and host ms (wall - GPU) and
-    GPU busy, the cell named by its model, what, dtype and batch; builds without a wall (cut runs) left out. A file
-    that gathers several runs ({"cells": {key: run, ...}}, e.g. profile_host_vit-l_infer_h200.json) gives a cell per
-    run, named by its model and key. Where several runs name one cell (a later run of it, or a variant such as
-    profile_host_infer_bf16_b1_cpp_wrapper_h200.json) only one is kept, since a panel is one process's builds: the
-    latest by recorded date, ties going to the run given last (an undated run counts as the oldest). A run with no
-    Inductor build (an A/B of samhq's own options, e.g. profile_host_infer_bf16_b1_static_ab_*.json) is kept only
-    where no run of the cell has one: a panel compares samhq with Inductor."""
-    runs = [(p, None, p) for p in payloads if "cells" not in p]
-    runs += [(run, key, p) for p in payloads for key, run in p.get("cells", {}).items()]
-    latest = {}  # cell -> ((has an Inductor build, date, order), run)
-    for order, (p, key, top) in enumerate(runs):
-        a = p["args"]
-        cell = f"{a['model']} {a['what']} {key}" if key else f"{a['model']} {a['what']} {a['dtype']} B={a['batch']}"
-        date = (p.get("recorded") or top.get("recorded") or {}).get("date", "")
-        rank = (any(b.startswith("inductor") for b in p["builds"]), date, order)
-        if cell not in latest or rank >= latest[cell][0]:
-            latest[cell] = (rank, p)
+def read_rows(paths) -> list[dict]:
+    """The rows of results JSONL files (one JSON object a line), the files in the order given."""
     rows = []
-    for cell, (_, p) in latest.items():  # cells in the order first seen
-        for name, b in p["builds"].items():
-            if b.get("wall_ms") is not None:
-                rows.append(dict(cell=cell, build=name, wall_ms=b["wall_ms"], gpu_ms=b["gpu_ms"],
-                                 host_ms=b["wall_ms"] - b["gpu_ms"], gpu_busy=b["gpu_ms"] / b["wall_ms"]))
+    for path in [paths] if isinstance(paths, str) else paths:
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
     return rows
+
+
+def latest(rows: list[dict], keys) -> list[dict]:
+    """One row per cell (the values of `keys`): the last one, in the order the cells first appear."""
+    out: dict = {}
+    for r in rows:
+        out[tuple(r.get(k) for k in keys)] = r
+    return list(out.values())
+
+
+def default_mode_rows(rows: list[dict]) -> list[dict]:
+    """One line per (cell, build) of benchmarks/tools/profile_host.py's rows (one row per build of a run): wall, GPU
+    and host ms (wall - GPU) and GPU busy, the cell named by its model, image size (when not 1024), what, dtype and
+    batch; builds without a wall (a cut run) left out. A run is the builds one process timed together: the rows of one
+    date (a run's start) and `source` (rows converted from the per-run files of before). Where several runs name one
+    cell, only one is kept, since a panel is one process's builds: the latest by date, ties going to the run read last
+    (an undated run counts as the oldest). A run with no Inductor build (an A/B of samhq's own options) is kept only
+    where no run of the cell has one: a panel compares samhq with Inductor."""
+    runs: dict = {}  # (source, date, cell) -> that run's rows
+    for r in rows:
+        img = r.get("img") or 1024
+        cell = f"{r['model']}{'' if img == 1024 else f' {img}px'} {r['what']} {r['dtype']} B={r['batch']}"
+        runs.setdefault((r.get("source"), r.get("date"), cell), []).append(r)
+    best: dict = {}  # cell -> ((has an Inductor build, date, order), run's rows)
+    for order, ((_, date, cell), builds) in enumerate(runs.items()):
+        rank = (any(b["build"].startswith("inductor") for b in builds), date or "", order)
+        if cell not in best or rank >= best[cell][0]:
+            best[cell] = (rank, builds)
+    out = []
+    for cell, (_, builds) in best.items():  # cells in the order first seen
+        for b in builds:
+            if b.get("wall_ms") is not None:
+                out.append(dict(cell=cell, build=b["build"], wall_ms=b["wall_ms"], gpu_ms=b["gpu_ms"],
+                                host_ms=b["wall_ms"] - b["gpu_ms"], gpu_busy=b["gpu_ms"] / b["wall_ms"]))
+    return out
 
 
 def default_mode_chart(rows: list[dict], path: str) -> str:
@@ -381,12 +411,12 @@ def default_mode_chart(rows: list[dict], path: str) -> str:
     return f"wrote {path}"
 
 
-def kind_of(path: str, payload: dict) -> str:
-    name = os.path.basename(path)
-    for kind in ("train_step", "inference"):
-        if name.startswith(kind) or payload.get("benchmark", "").lower().startswith(kind.replace("_step", "")):
-            return kind
-    return "sol076"
+def harness_of(path: str) -> str:
+    """The harness whose rows a results file holds: its name, benchmarks/results/<harness>.jsonl."""
+    name = os.path.basename(path).removesuffix(".jsonl")
+    if name not in KINDS:
+        raise SystemExit(f"{path}: plot.py reads the rows of {', '.join(k + '.jsonl' for k in KINDS)}")
+    return name
 
 
 def print_rows(rows: list[dict], columns) -> None:
@@ -401,41 +431,37 @@ def print_rows(rows: list[dict], columns) -> None:
 
 
 def main(argv=None) -> None:
-    paths = (argv if argv is not None else sys.argv[1:]) or []
-    if not paths:
-        raise SystemExit(__doc__)
-    if paths[0] == "--default-mode":
-        rows = default_mode_rows([json.load(open(p)) for p in paths[2:]])
-        print_rows(rows, ("cell", "build", "wall_ms", "gpu_ms", "host_ms", "gpu_busy"))
-        print(default_mode_chart(rows, paths[1]), flush=True)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", help="results .jsonl files of one harness")
+    ap.add_argument("--default-mode", metavar="PNG", help="the files are profile_host rows: draw host vs GPU per build")
+    ap.add_argument("--gpu", default=None, help="only the rows whose GPU name contains this (CPU rows: 'CPU')")
+    args = ap.parse_args(argv)
+    kind = None if args.default_mode else harness_of(args.files[0])
+    rows = [r for r in read_rows(args.files) if args.gpu is None or args.gpu in (r.get("gpu") or "CPU")]
+    if args.default_mode:
+        lines = default_mode_rows(rows)
+        print_rows(lines, ("cell", "build", "wall_ms", "gpu_ms", "host_ms", "gpu_busy"))
+        print(default_mode_chart(lines, args.default_mode), flush=True)
         return
-    payloads = [json.load(open(p)) for p in paths]
-    kind = kind_of(paths[0], payloads[0])
     keys, columns, chart = KINDS[kind]
-    merged = dict(payloads[-1])
-    rows = {}
-    for p in payloads:
-        if kind != "sol076":
-            normalize_rows(p["results"])
-        rows.update({tuple(r.get(k) for k in keys): r for r in p["results"]})
-    merged["results"] = list(rows.values())
-    if kind == "sol076":
-        merged["summary"] = sol076_summary(merged["results"])
-    else:  # the fastest samhq / Inductor / eager row per group, over the merged rows
-        merged["summary"] = best_per_family(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
-        merged["summary_by_mode"] = best_by_mode(merged["results"], SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
-    out_dir = os.path.dirname(os.path.abspath(paths[0]))
-    msgs = chart(merged, out_dir)
-    print_rows(merged["results"], columns)
-    if kind != "sol076" and merged["summary"]:
+    if kind in SUMMARY_GROUPS:
+        normalize_rows(rows)
+    rows = latest(rows, keys)
+    msgs = chart(rows, os.path.dirname(os.path.abspath(args.files[0])))
+    print_rows(rows, columns)
+    if kind in SUMMARY_GROUPS:
+        summary = best_per_family(rows, SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind])
+        if summary:
+            print()
+            print_rows(summary, list(dict.fromkeys(k for e in summary for k in e)))
+        print_summary_by_mode(best_by_mode(rows, SUMMARY_GROUPS[kind], SUMMARY_VALUE[kind]))
+    else:
+        summary = sol076_summary(rows)
         print()
-        print_rows(merged["summary"], list(dict.fromkeys(k for e in merged["summary"] for k in e)))
-    print_summary_by_mode(merged.get("summary_by_mode"))
-    if len(paths) > 1:
-        out = os.path.splitext(os.path.abspath(paths[0]))[0] + "_merged.json"
-        with open(out, "w") as f:
-            json.dump(merged, f, indent=1, default=str)
-        msgs.append(f"wrote {out}")
+        print_rows([dict(precision=p, impl=i, **s) for p, d in summary.items() for i, s in d.items()],
+                   ("precision", "impl", "n_pass", "n", "mean_us", "geomean_speedup_vs_eager", "n_compared"))
     print("\n".join(msgs), flush=True)
 
 

@@ -79,10 +79,12 @@ Summaries, over the OK rows of the results file:
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
   python benchmarks/train_step.py --model vit-h --batch 1 # SAM-HQ's ViT-H encoder
   python benchmarks/train_step.py --modes reduce-overhead # CUDA-graph builds (and the eager baselines) only
-  python benchmarks/train_step.py --resume benchmarks/results/train_step.json        # continue the rest
+  python benchmarks/train_step.py --out /tmp/t.jsonl --resume /tmp/t.jsonl   # continue a cut run: the rest only
   python benchmarks/train_step.py --gpus 2                # cells split over 2 GPUs of this host, timed at once
   python benchmarks/train_step.py --quick                 # CPU smoke test (tiny model), used in CI
-Writes <out>/train_step.json after every cell, <out>/train_step.png (if matplotlib), and a table last.
+Appends one row per cell to benchmarks/results/train_step.jsonl (or --out) as the cell finishes (a default-mode
+compiled cell timed again in rotation: after its group), each starting with common.row_meta (commit, date, GPU,
+versions); draws train_step.png beside it (if matplotlib) and prints a table last.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def prior_s(impl: str, batch: int, model: str = "vit-b") -> float:
     if spec.backend is None:
         return 10.0 * scale
     return (70.0 if batch <= 1 else 120.0) * (1.3 if spec.compiled_autograd else 1.0) * scale
-RESULTS_NAME = "train_step.json"
+HARNESS = "train_step"  # its rows: benchmarks/results/train_step.jsonl
 
 
 def attention_regex() -> re.Pattern:
@@ -389,7 +391,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per cell")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps per cell, the first (compiling) one included")
-    common.add_run_args(ap, "train_step.json, train_step.png", profile="the profiled step (GPU-busy and attention shares)")
+    common.add_run_args(ap, HARNESS, profile="the profiled step (GPU-busy and attention shares)", chart="train_step.png")
     ap.add_argument("--optimizer", default="adamw-fused", choices=OPTIMIZERS,
                     help="the step's optimizer (default adamw-fused: torch.optim.AdamW(fused=True))")
     ap.add_argument("--no-rotate", dest="rotate", action="store_false",
@@ -420,7 +422,8 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     # the budget's estimates per impl and batch: a batch-4 compile takes about twice a batch-1 one
-    device, budget, env = common.start_run(args, {f"{i}/{b}": prior_s(i, b, args.model) for i in args.impls for b in args.batch})
+    device, budget, env, meta = common.start_run(args, {f"{i}/{b}": prior_s(i, b, args.model) for i in args.impls
+                                                      for b in args.batch})
     t0 = budget.t0
     common.log(f"train_step on {env['device']}: torch {env['torch']}, transformers {env['transformers']}; "
                f"model {args.model}; impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
@@ -428,24 +431,19 @@ def main(argv=None) -> dict:
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
     attn_re = attention_regex()
-    # finished rows of the same optimizer (older files: none) are kept, other models' too; this model's are done
+    # finished rows of the same optimizer (older rows: none) are kept for the checks, other models' too; this
+    # model's are done
     rows = [r for r in plot.normalize_rows(common.load_rows(args.resume))
             if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer]
     done = {(r["impl"], r["batch"], r["dtype"]): r for r in rows if r["model"] == args.model}
+    resumed = len(rows)
     skipped: list[dict] = []
-    path = os.path.join(args.out, RESULTS_NAME)
-    method = __doc__[__doc__.index("One step ="):__doc__.index("  python benchmarks")].strip()
-    config = {"steps": args.steps, "warmup": args.warmup, "quick": args.quick, "profile": args.profile, "gpus": args.gpus,
-              "optimizer": args.optimizer, "attention_regex": attn_re.pattern, "model": args.model,
-              "model_config": QUICK_CONFIG if args.quick else f"samhq_fx.models.vision_config({args.model!r})"}
+    path = common.results_path(HARNESS, args.out, default=not args.quick)
 
-    def save():
+    def finish(new: list[dict]) -> None:
+        """Check the new rows against their eager reference, then append them."""
         check_losses(rows)
-        payload = {"benchmark": "SamHQVisionModel training step (SAM-HQ ViT-B/L/H encoder; each row's model)",
-                   "env": env, "method": method, "config": config, "results": rows, "summary": summarize(rows),
-                   "summary_by_mode": summarize_by_mode(rows), "skipped": skipped}
-        common.write_json(path, payload)
-        return payload
+        common.append_rows(path, new)
 
     if args.gpus > 1:
         todo = [(i, b, d) for d in args.dtype for b in args.batch for i in args.impls
@@ -454,26 +452,28 @@ def main(argv=None) -> dict:
                  "--no-chart", "--device", "cuda", "--optimizer", args.optimizer, "--model", args.model] + ([] if args.profile else ["--no-profile"])
         shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: prior_s(c.split("/")[2], int(c.split("/")[1]), args.model),
                               args.gpus)
-        got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
+        got = common.run_on_gpus(os.path.abspath(__file__), shares, child,
                                  timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         rows += got
+        finish(got)
         finished = {(r["impl"], r["batch"], r["dtype"]) for r in got}
         skipped += [{"model": args.model, "impl": i, "batch": b, "dtype": d} for i, b, d in todo if (i, b, d) not in finished]
         done.update({c: None for c in todo})  # every cell had its GPU: nothing left for the serial loop below
-        save()
 
     for dtype in args.dtype:
         if dtype == "bf16" and device.type == "cpu":
             common.log("bf16 autocast on CPU is not benchmarked; skipping", t0)
             continue
         for batch in args.batch:
-            # eager, reduce-overhead and compiled-autograd cells first, one at a time; then the default-mode compiled
-            # cells, kept alive and timed again in rotation (--rotate; rotate())
+            # eager cells first (eager-eager, the checks' reference, before all), then reduce-overhead and
+            # compiled-autograd cells, one at a time; then the default-mode compiled cells, kept alive and timed again
+            # in rotation (--rotate; rotate())
             keep: dict = {}
             group_rows: dict = {}
             common.reset_compile_state()
             with common.recompile_limit_patch():
-                for impl in sorted(args.impls, key=lambda i: rotating(i, args)):  # stable within each kind
+                for impl in sorted(args.impls, key=lambda i: (rotating(i, args), IMPLS[i].backend is not None,
+                                                              i != "eager-eager")):  # stable within each kind
                     if (impl, batch, dtype) in done or (args.cells and (impl, batch, dtype) not in args.cells):
                         continue
                     if not budget.fits(f"{impl}/{batch}"):
@@ -482,11 +482,12 @@ def main(argv=None) -> dict:
                     tcell = time.perf_counter()
                     row = run_cell(impl, batch, dtype, args, device, attn_re, keep if rotating(impl, args) else None)
                     row["cell_s"] = round(time.perf_counter() - tcell, 2)
-                    row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
+                    row = {**meta, **row, "steps": args.steps, "warmup": args.warmup}
                     budget.record(f"{impl}/{batch}", row["cell_s"])
                     rows.append(row)
                     group_rows[(impl, batch, dtype)] = row
-                    save()
+                    if not rotating(impl, args):
+                        finish([row])
                     common.log(f"{args.model} {dtype} B={batch} {impl:15s} {row['status']:5s} "
                                f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
                                f"host {common.fmt(row['host_ms'], '.2f')} ms  "
@@ -502,23 +503,26 @@ def main(argv=None) -> dict:
                         common.log(f"{args.model} {dtype} B={batch} {key[0]:15s} rotated "
                                    + " ".join(f"{x:.2f}" for x in group_rows[key]["ms_per_step_by_round"])
                                    + " ms/step", t0)
-                    save()
+                finish([r for (impl, _, _), r in group_rows.items() if rotating(impl, args)])
             keep.clear()
             common.reset_compile_state()
 
-    payload = save()
-    if args.chart:
-        for msg in plot.train_chart(payload, args.out):
+    check_losses(rows)
+    result = {"results": rows, "summary": summarize(rows), "summary_by_mode": summarize_by_mode(rows),
+              "skipped": skipped}
+    if args.chart and path:
+        for msg in plot.train_chart(rows, os.path.dirname(os.path.abspath(path))):
             common.log(msg, t0)
     print_report(rows)
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     if skipped:
-        print(f"resume with: python {os.path.relpath(__file__)} --resume {path} --out {args.out} --model {args.model} "
+        out = path or "ROWS.jsonl"
+        print(f"resume with: python {os.path.relpath(__file__)} --resume {out} --out {out} --model {args.model} "
               f"--impls {','.join(args.impls)} "
               f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)} --optimizer {args.optimizer}", flush=True)
-    common.log(f"wrote {path}", t0)
-    plot.print_summary_by_mode(payload["summary_by_mode"])
-    return payload
+    common.log(f"appended {len(rows) - resumed} rows to {path}" if path else "--quick without --out: no rows written", t0)
+    plot.print_summary_by_mode(result["summary_by_mode"])
+    return result
 
 
 if __name__ == "__main__":

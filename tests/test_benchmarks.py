@@ -106,25 +106,27 @@ def test_best_by_mode_holds_samhq_to_inductor_of_the_same_mode():
 
 
 def test_rows_without_model_read_as_vit_b(tmp_path, capsys):
-    """Results files written before --model: plot.py merges, summarizes and charts them as vit-b, and the impl names
-    give the compiler and mode where the rows lack them (the oldest train_step files)."""
+    """Rows written before --model and --img: plot.py reads them as vit-b at 1024, and the impl names give the compiler
+    and mode where the rows lack them (the oldest train_step rows); of one cell's rows the last one read wins."""
     rows = [dict(impl=i, batch=1, dtype="bf16", status="OK", ms_per_step=ms) for i, ms in
             [("eager-eager", 100.0), ("inductor", 47.0), ("samhq-eager", 41.0), ("samhq-eager-ro", 16.5)]]
-    path = tmp_path / "train_step_old.json"
-    path.write_text(json.dumps({"benchmark": "train step", "env": {}, "results": rows}))
-    new = dict(rows[2], model="vit-l", ms_per_step=90.0, compiler="samhq", mode="default")
-    (tmp_path / "train_step_new.json").write_text(json.dumps({"benchmark": "train step", "env": {}, "results": [new]}))
-    plot.main([str(path), str(tmp_path / "train_step_new.json")])
-    merged = json.loads((tmp_path / "train_step_old_merged.json").read_text())
-    assert sorted((r["model"], r["impl"]) for r in merged["results"]) == [
-        ("vit-b", "eager-eager"), ("vit-b", "inductor"), ("vit-b", "samhq-eager"), ("vit-b", "samhq-eager-ro"),
-        ("vit-l", "samhq-eager")]  # same impl/batch/dtype, another model: both kept
-    assert [(s["model"], s["best_samhq"], s["best_inductor"] if "best_inductor" in s else None)
-            for s in merged["summary"]] == [("vit-b", "samhq-eager-ro", "inductor"), ("vit-l", "samhq-eager", None)]
-    assert [(e["model"], e["mode"], e["samhq"], e["inductor"]) for e in merged["summary_by_mode"]] == [
-        ("vit-b", "default", "samhq-eager", "inductor"), ("vit-b", "reduce-overhead", "samhq-eager-ro", None),
-        ("vit-l", "default", "samhq-eager", None)]
-    assert "vit-b bf16 b1 default: samhq-eager 41.0 ms vs inductor 47.0 ms: 1.15x" in capsys.readouterr().out
+    old = tmp_path / "old" / "train_step.jsonl"
+    old.parent.mkdir()
+    common.append_rows(str(old), rows)
+    new = [dict(rows[2], model="vit-l", ms_per_step=90.0, compiler="samhq", mode="default", img=1024),
+           dict(rows[1], ms_per_step=48.0)]  # a later run of vit-b's inductor cell
+    common.append_rows(str(tmp_path / "train_step.jsonl"), new)
+    plot.main([str(old), str(tmp_path / "train_step.jsonl"), "--gpu", "CPU"])
+    out = capsys.readouterr().out
+    got = plot.latest(plot.normalize_rows(plot.read_rows([str(old), str(tmp_path / "train_step.jsonl")])),
+                      plot.KINDS["train_step"][0])
+    assert sorted((r["model"], r["img"], r["impl"], r["ms_per_step"]) for r in got) == [
+        ("vit-b", 1024, "eager-eager", 100.0), ("vit-b", 1024, "inductor", 48.0), ("vit-b", 1024, "samhq-eager", 41.0),
+        ("vit-b", 1024, "samhq-eager-ro", 16.5), ("vit-l", 1024, "samhq-eager", 90.0)]  # another model: both kept
+    assert "vit-b 1024px bf16 b1 default: samhq-eager 41.0 ms vs inductor 48.0 ms: 1.17x" in out
+    assert "vit-l 1024px bf16 b1 default: samhq-eager 90.0 ms, no Inductor row" in out
+    with pytest.raises(SystemExit, match="plot.py reads the rows of"):
+        plot.main([str(tmp_path / "rows.jsonl")])
 
 
 def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
@@ -168,29 +170,72 @@ def test_shard_groups_keeps_a_workload_on_one_gpu():
 
 
 def test_run_on_gpus_merges_each_gpus_rows(tmp_path, monkeypatch):
-    """Each share runs in its own process with CUDA_VISIBLE_DEVICES = its index; rows come back merged, and a
-    process that dies keeps what it saved (checked with a stand-in script, so no GPU is needed)."""
+    """Each share runs in its own process with CUDA_VISIBLE_DEVICES = its index and appends its rows to its own
+    --out .jsonl; rows come back merged, and a process that dies keeps what it wrote (checked with a stand-in script,
+    so no GPU is needed)."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # all GPUs visible: share k -> GPU k
     script = tmp_path / "fake_bench.py"
     script.write_text(
         "import json, os, sys\n"
         "a = sys.argv[1:]; cells = a[a.index('--cells') + 1].split(';'); out = a[a.index('--out') + 1]\n"
-        "os.makedirs(out)\n"
         "rows = [{'cell': c, 'gpu': os.environ['CUDA_VISIBLE_DEVICES'], 'extra': a[-1]} for c in cells if c != 'crash']\n"
-        "json.dump({'results': rows}, open(os.path.join(out, 'r.json'), 'w'))\n"
+        "open(out, 'a').write(''.join(json.dumps(r) + '\\n' for r in rows))\n"
         "if 'hang' in cells: import time; time.sleep(60)\n"
         "sys.exit(3 if 'crash' in cells else 0)\n")
-    rows = common.run_on_gpus(str(script), [["a", "b"], ["c", "crash"]], ["--flag"], "r.json", timeout=60)
+    rows = common.run_on_gpus(str(script), [["a", "b"], ["c", "crash"]], ["--flag"], timeout=60)
     assert sorted((r["cell"], r["gpu"], r["extra"]) for r in rows) == [
         ("a", "0", "--flag"), ("b", "0", "--flag"), ("c", "1", "--flag")]
     # a run started on a subset of GPUs keeps to it: share k goes to the k-th visible one
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    rows = common.run_on_gpus(str(script), [["a"], ["b"]], ["--flag"], "r.json", timeout=60)
+    rows = common.run_on_gpus(str(script), [["a"], ["b"]], ["--flag"], timeout=60)
     assert sorted((r["cell"], r["gpu"]) for r in rows) == [("a", "3"), ("b", "5")]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    # a process still running at the timeout is stopped; what it saved is kept
-    rows = common.run_on_gpus(str(script), [["d", "hang"]], ["--flag"], "r.json", timeout=3)
+    # a process still running at the timeout is stopped; what it wrote is kept
+    rows = common.run_on_gpus(str(script), [["d", "hang"]], ["--flag"], timeout=3)
     assert [(r["cell"], r["gpu"]) for r in rows] == [("d", "0"), ("hang", "0")]
+
+
+def test_rows_carry_the_run_metadata_and_append(tmp_path):
+    """row_meta: commit, date, GPU (None on CPU) and versions, in that order; results_path: --out a file, a directory
+    (<dir>/<harness>.jsonl), or the results folder (none for a --quick run without --out); append_rows adds lines."""
+    env = common.env_info()
+    meta = common.row_meta(env, torch.device("cpu"))
+    assert tuple(meta) == common.META and meta["gpu"] is None and meta["torch"] == torch.__version__
+    assert meta["commit"] == env["git"] and meta["date"] == env["date"]
+    assert common.row_meta({**env, "device": "NVIDIA H200"}, torch.device("cuda"))["gpu"] == "NVIDIA H200"
+    assert common.results_path("sol076", str(tmp_path)) == str(tmp_path / "sol076.jsonl")
+    assert common.results_path("sol076", str(tmp_path / "r.jsonl")) == str(tmp_path / "r.jsonl")
+    assert common.results_path("sol076", None) == str(Path(common.RESULTS_DIR) / "sol076.jsonl")
+    assert common.results_path("sol076", None, default=False) is None
+    path = str(tmp_path / "sub" / "r.jsonl")
+    common.append_rows(path, [{**meta, "a": 1}])
+    common.append_rows(path, [{**meta, "a": 2}, {**meta, "a": float("nan")}])
+    common.append_rows(None, [{"a": 3}])  # nowhere to write: nothing happens
+    rows = common.load_rows(path)
+    assert [r["a"] for r in rows[:2]] == [1, 2] and rows[2]["a"] != rows[2]["a"]
+    assert common.load_rows(str(tmp_path / "missing.jsonl")) == []
+
+
+def test_every_results_file_is_rows_of_one_harness_with_their_metadata():
+    """benchmarks/results holds one .jsonl per harness (and charts): every row an object that starts with the run's
+    commit, date, GPU and versions (null where the run did not record one)."""
+    results = Path(common.RESULTS_DIR)
+    files = sorted(results.iterdir())
+    assert {f.suffix for f in files} <= {".jsonl", ".png"}
+    names = {f.stem for f in files if f.suffix == ".jsonl"}
+    assert {"train_step", "inference", "profile_host", "bench_attention_core", "sweep_kernels", "sol076",
+            "sol076_entry", "saved_activations"} <= names
+    for f in files:
+        if f.suffix != ".jsonl":
+            continue
+        rows = common.load_rows(str(f))
+        assert rows, f.name
+        for r in rows:
+            assert tuple(r)[:len(common.META)] == common.META, (f.name, list(r)[:8])
+            assert r["date"] is None or re.match(r"\d{4}-\d\d-\d\d", r["date"]), (f.name, r["date"])
+    for name in ("train_step", "inference"):  # the summaries' groups are there in every row
+        rows = common.load_rows(str(results / f"{name}.jsonl"))
+        assert all({"model", "img", "dtype", "batch", "impl", "status"} <= set(r) for r in rows), name
 
 
 def test_gpus_capped_at_visible_devices():
@@ -205,7 +250,9 @@ def test_train_step_quick(tmp_path, capsys):
 
     pytest.importorskip("transformers")
     p = train_step.main(["--quick", "--out", str(tmp_path)])
-    assert (tmp_path / train_step.RESULTS_NAME).exists()
+    on_disk = common.load_rows(str(tmp_path / "train_step.jsonl"))
+    assert [r["impl"] for r in on_disk] == [r["impl"] for r in p["results"]]
+    assert all(tuple(r)[:len(common.META)] == common.META for r in on_disk)
     impls = {r["impl"]: r for r in p["results"]}
     assert set(impls) == {"eager-eager", "samhq-eager"}
     assert impls["eager-eager"]["status"] == "OK", impls["eager-eager"]["detail"]
@@ -324,13 +371,12 @@ def test_inference_quick(tmp_path, capsys):
         model="tiny", target="encoder", dtype="tf32", batch=1, mode="default", samhq="samhq-eager", inductor=None)
     assert capsys.readouterr().out.rstrip().endswith(m["line"])  # printed last
     assert m["line"].startswith("tiny encoder tf32 b1 default: samhq-eager ")
-    path = str(tmp_path / inference.RESULTS_NAME)
-    plot.main([path, path])
+    path = str(tmp_path / "inference.jsonl")
+    assert [(r["impl"], r["status"]) for r in common.load_rows(path)] == [(r["impl"], r["status"]) for r in p["results"]]
+    plot.main([path, path])  # the same rows twice: one per cell is kept
     out = capsys.readouterr().out
     assert "images_per_s" in out and "samhq-eager" in out
-    merged = json.loads((tmp_path / "inference_merged.json").read_text())
-    assert len(merged["results"]) == 2 and merged["summary_by_mode"] == p["summary_by_mode"]
-    assert m["line"] in out
+    assert len(re.findall(r"^tiny \d+px encoder tf32 b1 default: samhq-eager ", out, re.M)) == 1
 
 
 @pytest.mark.slow
@@ -413,39 +459,36 @@ def test_sweep_tables_times_the_old_table_then_restores_the_new(monkeypatch, tmp
 
 
 def test_default_mode_rows_and_chart_from_profile_host_results(tmp_path, capsys):
-    # profile_host.py results -> one row per (cell, build) with host = wall - GPU; a build cut before its timing
-    # (no wall) is left out; the CLI prints the rows and draws the chart (or says matplotlib is missing)
-    payload = {"args": {"model": "vit-b", "what": "infer", "dtype": "bf16", "batch": 1},
-               "builds": {"samhq": {"wall_ms": 6.0, "gpu_ms": 3.5}, "inductor-sdpa": {"wall_ms": 7.0, "gpu_ms": 4.2},
-                          "inductor-eager": {"compile_s": 30.0}}}
-    rows = plot.default_mode_rows([payload])
-    assert [r["build"] for r in rows] == ["samhq", "inductor-sdpa"]
-    assert rows[0]["host_ms"] == pytest.approx(2.5) and rows[1]["gpu_busy"] == pytest.approx(0.6)
-    assert rows[0]["cell"] == "vit-b infer bf16 B=1"
-    path = tmp_path / "profile_host_vit-b_infer_bf16_b1.json"
-    path.write_text(json.dumps(payload))
-    plot.main(["--default-mode", str(tmp_path / "chart.png"), str(path)])
+    # profile_host.py rows (one per build of a run) -> one line per (cell, build) with host = wall - GPU; a build cut
+    # before its timing (no wall) is left out; the CLI prints the lines and draws the chart (or says matplotlib is
+    # missing)
+    def run(date, walls, batch=1, img=1024):
+        return [dict(date=date, model="vit-b", what="infer", dtype="bf16", batch=batch, img=img, build=b,
+                     **({"wall_ms": w, "gpu_ms": 3.0} if w else {"compile_s": 30.0})) for b, w in walls.items()]
+
+    first = run("2026-12-02", {"samhq": 6.0, "inductor-sdpa": 7.0, "inductor-eager": None})
+    lines = plot.default_mode_rows(first)
+    assert [r["build"] for r in lines] == ["samhq", "inductor-sdpa"]
+    assert lines[0]["host_ms"] == pytest.approx(3.0) and lines[1]["gpu_busy"] == pytest.approx(3 / 7)
+    assert lines[0]["cell"] == "vit-b infer bf16 B=1"
+    path = tmp_path / "profile_host.jsonl"
+    common.append_rows(str(path), first)
+    plot.main([str(path), "--default-mode", str(tmp_path / "chart.png")])
     out = capsys.readouterr().out
-    assert "inductor-sdpa" in out and "2.50" in out
+    assert "inductor-sdpa" in out and "3.00" in out
     assert (tmp_path / "chart.png").exists() or "matplotlib not importable" in out
-    # a file gathering several runs gives one cell per run, named by its key
-    gathered = {"cells": {"bf16_b8_sdpa": {**payload, "args": {**payload["args"], "batch": 8}}, "bf16_b1": payload}}
-    cells = [r["cell"] for r in plot.default_mode_rows([payload, gathered])]
-    assert cells == ["vit-b infer bf16 B=1"] * 2 + ["vit-b infer bf16_b8_sdpa"] * 2 + ["vit-b infer bf16_b1"] * 2
-    # several runs of one cell: one process per panel, the latest recorded wins, a tie goes to the run given last
-    def run(day, wall, other="inductor-sdpa"):
-        return {**payload, "recorded": {"date": f"2026-12-0{day}"},
-                "builds": {"samhq": {"wall_ms": wall, "gpu_ms": 3.0}, other: {"wall_ms": 8.0, "gpu_ms": 4.0}}}
-    rows = plot.default_mode_rows([run(3, 5.0), run(2, 9.0), payload, run(3, 6.0)])
-    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 6.0), ("vit-b infer bf16 B=1", 8.0)]
-    rows = plot.default_mode_rows([run(2, 9.0), {**payload, "args": {**payload["args"], "batch": 8}}, payload])
-    assert [(r["cell"], r["wall_ms"]) for r in rows] == [("vit-b infer bf16 B=1", 9.0), ("vit-b infer bf16 B=1", 8.0),
-                                                         ("vit-b infer bf16 B=8", 6.0), ("vit-b infer bf16 B=8", 7.0)]
+    # several runs of one cell: one process per panel, the latest date wins, a tie goes to the run read last
+    later, tie = run("2026-12-03", {"samhq": 5.0, "inductor-sdpa": 8.0}), run("2026-12-03", {"samhq": 9.0, "inductor-sdpa": 8.0})
+    tie = [dict(r, source="other") for r in tie]  # the same date: told apart by where the rows came from
+    assert [(r["cell"], r["wall_ms"]) for r in plot.default_mode_rows(later + first + tie)] == [
+        ("vit-b infer bf16 B=1", 9.0), ("vit-b infer bf16 B=1", 8.0)]
+    # other batch sizes and image sizes are other cells
+    cells = [r["cell"] for r in plot.default_mode_rows(first + run("2026-12-02", {"samhq": 1.0}, batch=8, img=512))]
+    assert cells == ["vit-b infer bf16 B=1"] * 2 + ["vit-b 512px infer bf16 B=8"]
     # a later A/B of samhq's own options (no Inductor build) does not replace a comparison, and stands alone
-    rows = plot.default_mode_rows([run(2, 9.0), run(3, 5.0, other="samhq-triton-launcher")])
-    assert [(r["build"], r["wall_ms"]) for r in rows] == [("samhq", 9.0), ("inductor-sdpa", 8.0)]
-    rows = plot.default_mode_rows([run(3, 5.0, other="samhq-triton-launcher")])
-    assert [r["build"] for r in rows] == ["samhq", "samhq-triton-launcher"]
+    ab = run("2026-12-04", {"samhq": 4.0, "samhq-triton-launcher": 5.0})
+    assert [r["build"] for r in plot.default_mode_rows(first + ab)] == ["samhq", "inductor-sdpa"]
+    assert [r["build"] for r in plot.default_mode_rows(ab)] == ["samhq", "samhq-triton-launcher"]
 
 
 def test_profile_host_decoder_step_trains_only_the_decoder_and_held_weights_keep_its_bits():
@@ -490,16 +533,14 @@ def test_profile_kernels_summarizes_an_ncu_export(tmp_path):
 
 def test_saved_activations_tool_splits_parameters_from_the_rest(tmp_path):
     # the memory-budget measurement: a smaller budget saves fewer non-parameter bytes, every block stays fused
-    import json
-
     import saved_activations
 
     rows = saved_activations.main(["--model", "tiny", "--batch", "2", "--budgets", "none,0.1",
-                                   "--out", str(tmp_path / "saved.json")])
+                                   "--out", str(tmp_path / "saved.jsonl")])
     assert [r["budget"] for r in rows] == [None, 0.1]
     assert all(r["fused"] == 2 for r in rows)
     assert 0 < rows[1]["saved_rest_mib"] < rows[0]["saved_rest_mib"]
-    assert json.loads((tmp_path / "saved.json").read_text())["rows"] == rows
+    assert common.load_rows(str(tmp_path / "saved.jsonl")) == rows
 
 
 @pytest.mark.parametrize("options", [{"samhq.inductor": False}, {}])

@@ -234,17 +234,19 @@ def test_compare_impls_cells_runs_only_those(tmp_path):
 
 
 def test_compare_impls_budget_and_resume(tmp_path, capsys):
-    # eager only: fast.  A zero-ish budget skips everything but still writes the JSON.
+    # eager only: fast.  A zero-ish budget skips everything and writes no row.
+    path = str(tmp_path / "sol076.jsonl")
     p = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path), "--time-budget", "1e-9"])
-    assert p["results"] == [] and len(p["skipped"]) == 1
+    assert p["results"] == [] and len(p["skipped"]) == 1 and common.load_rows(path) == []
     p = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path)])
     (row,) = p["results"]
     assert row["status"] == "PASS" and row["wall_us"] > 0
-    # resuming from that file runs nothing new and keeps the row
-    path = str(tmp_path / bench.RESULTS_NAME)
-    p2 = bench.main(["--quick", "--impls", "eager", "--out", str(tmp_path), "--resume", path])
-    assert p2["results"] == [row] and p2["skipped"] == []
-    # plot.py re-reads and merges results files; without matplotlib it says so instead of failing
+    assert common.load_rows(path) == [json.loads(json.dumps(row, default=str))]
+    # resuming from that file runs nothing new, keeps the row and appends nothing
+    p2 = bench.main(["--quick", "--impls", "eager", "--out", path, "--resume", path])
+    assert p2["results"] == [json.loads(json.dumps(row, default=str))] and p2["skipped"] == []
+    assert len(common.load_rows(path)) == 1
+    # plot.py reads the rows back; without matplotlib it says so instead of failing
     plot.main([path, path])
     out = capsys.readouterr().out
     assert "7x7x1" in out and ("matplotlib not importable" in out or "wrote" in out)
@@ -254,9 +256,9 @@ def test_compare_impls_quick(tmp_path, capsys):
     """The CI smoke run: 7x7x1 with eager, inductor and samhq on CPU; every row checked against fp64."""
     p = bench.main(["--quick", "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    on_disk = json.loads((tmp_path / bench.RESULTS_NAME).read_text())
-    assert on_disk["results"] == json.loads(json.dumps(p["results"], default=str))
-    assert on_disk["env"]["torch"] == torch.__version__ and "method" in on_disk
+    on_disk = common.load_rows(str(tmp_path / "sol076.jsonl"))
+    assert on_disk == json.loads(json.dumps(p["results"], default=str))
+    assert all(r["torch"] == torch.__version__ and r["gpu"] is None and r["iters"] == 1 for r in on_disk)
     impls = {r["impl"]: r for r in p["results"]}
     assert set(impls) == {"eager", "inductor", "samhq"}
     for name in ("eager", "inductor"):
@@ -315,8 +317,9 @@ def test_time_entry_quick(tmp_path, capsys):
 
     p = time_entry.main(["--quick", "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    on_disk = json.loads((tmp_path / time_entry.RESULTS_NAME).read_text())
-    assert on_disk["results"] == json.loads(json.dumps(p["results"], default=str))
+    on_disk = common.load_rows(str(tmp_path / "sol076_entry.jsonl"))
+    assert on_disk == json.loads(json.dumps(p["results"], default=str))
+    assert all(tuple(r)[:len(common.META)] == common.META for r in on_disk)
     rows = {r["impl"]: r for r in p["results"]}
     assert set(rows) == {"eager", "solution"}
     for r in rows.values():
@@ -326,5 +329,6 @@ def test_time_entry_quick(tmp_path, capsys):
     assert "targets (solution)" in out and "every cell passes ('high')" in out
     assert "| 4x4x2 | " in out  # the markdown table for README / NOTES
     # resuming from that file runs nothing and keeps the rows
-    p2 = time_entry.main(["--quick", "--out", str(tmp_path / "again"), "--resume", str(tmp_path / time_entry.RESULTS_NAME)])
-    assert p2["results"] == p["results"]
+    p2 = time_entry.main(["--quick", "--out", str(tmp_path / "again.jsonl"),
+                          "--resume", str(tmp_path / "sol076_entry.jsonl")])
+    assert p2["results"] == on_disk and not (tmp_path / "again.jsonl").exists()

@@ -50,15 +50,16 @@ not fit one 10-minute window, so the run is budgeted (--time-budget, default 480
 if its estimate -- the longest earlier cell of that implementation -- still fits) and resumable:
   python benchmarks/sol076/compare_impls.py --workloads rep        # 4 representative workloads, ~one window
   python benchmarks/sol076/compare_impls.py                        # precision high, all 16 x 8; cut at 480 s
-  python benchmarks/sol076/compare_impls.py --resume benchmarks/results/sol076.json   # run only the missing
+  python benchmarks/sol076/compare_impls.py --out /tmp/r.jsonl --resume /tmp/r.jsonl   # run only the missing
                                                                 # cells; repeat until "remaining: 0"
   python benchmarks/sol076/compare_impls.py --precision all ...    # highest, high, medium
   python benchmarks/sol076/compare_impls.py --gpus 2 ...           # split the cells over 2 GPUs of this host (one
                                                                 # process each, timed at the same time, merged)
   --impls fast drops inductor-max-autotune (the slowest to compile).
-Results are written after every cell (a killed run keeps what it finished): <out>/sol076.json, a chart per
-precision <out>/sol076_<precision>.png (matplotlib, if importable), and a table printed last;
-benchmarks/plot.py merges several results files and redraws.
+Each cell's row is appended to benchmarks/results/sol076.jsonl (or --out) as it finishes (a killed run keeps what
+it finished), starting with common.row_meta (commit, date, GPU, versions); a chart per precision,
+sol076_<precision>.png beside it (matplotlib, if importable), and a table printed last; benchmarks/plot.py redraws
+them from the rows.
 `--quick` is the CPU smoke test used in CI: workload 7x7x1, eager + inductor + samhq, one call each.
 """
 
@@ -111,7 +112,7 @@ QUICK_IMPLS = ("eager", "inductor", "samhq")
 # that cannot finish; replaced by the measured duration after each cell.
 PRIORS = {"eager": 3, "eager-sdpa": 3, "inductor": 20, "inductor-reduce-overhead": 20, "flex": 30,
           "samhq": 20, "samhq-reduce-overhead": 20, "samhq-opaque": 20, "inductor-max-autotune": 90}
-RESULTS_NAME = "sol076.json"
+HARNESS = "sol076"  # its rows: benchmarks/results/sol076.jsonl
 
 
 # ---------------------------------------------------------------------------------------------- layers
@@ -348,7 +349,7 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell, for wall time and again for spans")
     ap.add_argument("--warmup", type=int, default=10, help="warm-up calls per cell, the first (compiling) one included")
     ap.add_argument("--input-sets", type=int, default=4, help="input sets the calls rotate over")
-    common.add_run_args(ap, "sol076.json, sol076_<precision>.png", profile="the kernel-span pass")
+    common.add_run_args(ap, HARNESS, profile="the kernel-span pass", chart="sol076_<precision>.png")
     ap.add_argument("--no-flush", dest="flush", action="store_false", help="do not flush L2 before calls")
     ap.add_argument("--quick", action="store_true",
                     help="CPU smoke test: workload 7x7x1, impls eager,inductor,samhq, 1 warm-up + 1 timed call")
@@ -371,7 +372,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device, budget, env = common.start_run(args, PRIORS)
+    device, budget, env, meta = common.start_run(args, PRIORS)
     t0 = budget.t0
     common.log(f"sol076 on {env['device']}: torch {env['torch']}, triton {env['triton']}; "
                f"{len(args.workloads)} workloads x {len(args.impls)} impls x {len(args.precision)} precisions; "
@@ -383,20 +384,10 @@ def main(argv=None) -> dict:
     done = {(r["precision"], r["workload"], r["impl"]): r for r in common.load_rows(args.resume)
             if r.get("status") in common.DONE_STATUSES}
     rows = list(done.values())
+    resumed = len(rows)
     skipped: list[dict] = []
-    path = os.path.join(args.out, RESULTS_NAME)
-    method = __doc__[__doc__.index("What is compiled"):__doc__.index("Run time:")].strip()
-    config = {k: getattr(args, k) for k in ("iters", "warmup", "input_sets", "profile", "flush", "time_budget", "quick",
-                                            "gpus")}
-    config.update(l2_flush_bytes=flusher.nbytes, impls=list(args.impls), precisions=list(args.precision),
-                  workloads=[wl_name(w) for w in args.workloads], rtol=definition.RTOL)
-
-    def save():
-        payload = {"benchmark": "SOL-ExecBench L2/076 sam_hq_vision_attention_with_relative_position_backward",
-                   "env": env, "method": method, "config": config, "results": rows,
-                   "summary": summarize(rows), "skipped": skipped}
-        common.write_json(path, payload)
-        return payload
+    path = common.results_path(HARNESS, args.out, default=not args.quick)
+    config = {"iters": args.iters, "warmup": args.warmup, "input_sets": args.input_sets, "flush": args.flush}
 
     if args.gpus > 1:
         todo = [(p, wl_name(w), i) for p in args.precision for w in args.workloads for i in args.impls
@@ -407,13 +398,13 @@ def main(argv=None) -> dict:
         # one workload's cells stay on one GPU: its inputs and float64 reference are built once there
         shares = common.shard_groups(["/".join(c) for c in todo], lambda c: PRIORS[c.split("/")[2]], args.gpus,
                                      group=lambda c: c.rsplit("/", 1)[0])
-        got = common.run_on_gpus(os.path.abspath(__file__), shares, child, RESULTS_NAME,
+        got = common.run_on_gpus(os.path.abspath(__file__), shares, child,
                                  timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         rows += got
+        common.append_rows(path, got)
         finished = {(r["precision"], r["workload"], r["impl"]) for r in got}
         skipped += [dict(zip(("precision", "workload", "impl"), c)) for c in todo if c not in finished]
         done.update({c: None for c in todo})  # every cell had its GPU: nothing left for the serial loop below
-        save()
 
     for prec in args.precision:
         for wl, atol in args.workloads.items():
@@ -431,15 +422,18 @@ def main(argv=None) -> dict:
                     except Exception as e:  # e.g. OOM in the fp64 reference: record for every impl, go on
                         err = f"reference: {type(e).__name__}: {e}"[:2000]
                         common.log(f"{prec} {wl_name(wl)}: {err}", t0)
-                        rows.extend({"workload": wl_name(wl), "H": wl[0], "W": wl[1], "B": wl[2], "impl": i,
-                                     "precision": prec, "status": "ERROR", "detail": err} for i in todo[todo.index(impl):])
+                        failed = [{**meta, "workload": wl_name(wl), "H": wl[0], "W": wl[1], "B": wl[2], "impl": i,
+                                   "precision": prec, "status": "ERROR", "detail": err, **config}
+                                  for i in todo[todo.index(impl):]]
+                        rows += failed
+                        common.append_rows(path, failed)
                         break
                 row = run_cell(impl, wl, prec, data, args, device, flusher, t0)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
-                row["git"] = env.get("git")  # merged files mix runs: each row says which code it timed
+                row = {**meta, **row, **config}
                 budget.record(impl, row["cell_s"])
                 rows.append(row)
-                save()
+                common.append_rows(path, [row])
                 common.log(f"{prec:7s} {wl_name(wl):8s} {impl:25s} {row['status']:5s} "
                            f"span {common.fmt(row['span_us']):>9s} us  wall {common.fmt(row['wall_us']):>9s} us  "
                            f"peak {common.fmt(row['peak_mib']):>8s} MiB  compile {common.fmt(row['compile_s'])} s"
@@ -448,18 +442,19 @@ def main(argv=None) -> dict:
             del data
             common.reset_compile_state()
 
-    payload = save()
-    if args.chart:
-        for msg in plot.sol076_charts(payload, args.out):
+    result = {"results": rows, "summary": summarize(rows), "skipped": skipped}
+    if args.chart and path:
+        for msg in plot.sol076_charts(rows, os.path.dirname(os.path.abspath(path))):
             common.log(msg, t0)
-    print_report(rows, payload["summary"], skipped)
+    print_report(rows, result["summary"], skipped)
     if skipped:
-        print(f"resume with: python {os.path.relpath(__file__)} --resume {path} --out {args.out} "
+        out = path or "ROWS.jsonl"
+        print(f"resume with: python {os.path.relpath(__file__)} --resume {out} --out {out} "
               f"--precision {','.join(args.precision)} --impls {','.join(args.impls)} "
               f"--workloads {','.join(w for w in map(wl_name, args.workloads) if any(s['workload'] == w for s in skipped))}",
               flush=True)
-    common.log(f"wrote {path}", t0)
-    return payload
+    common.log(f"appended {len(rows) - resumed} rows to {path}" if path else "--quick without --out: no rows written", t0)
+    return result
 
 
 if __name__ == "__main__":

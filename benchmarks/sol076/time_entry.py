@@ -50,11 +50,12 @@ Run time on an H200 host (2026-12-01: 15-20 s per compiled cell, compile include
 per workload for the default five implementations (the staged entry's cells take ~5-10 s), ~15 minutes for 16 workloads in one precision, so split
 the implementations over calls. --time-budget (default 500 s) skips cells that would not finish (listed, and in the JSON).
 
-  python benchmarks/sol076/time_entry.py --precision high --out $OUT      # 16 workloads x 4, one precision
-  python benchmarks/sol076/time_entry.py --quick                          # CPU smoke test (CI): 4x4x2, eager + solution
-  python benchmarks/sol076/time_entry.py --resume $OUT/sol076_solution.json --out $OUT   # only the cells not yet run
-Writes <out>/sol076_solution.json after every cell; prints the per-workload table (markdown), the suite means
-and the targets last.
+  python benchmarks/sol076/time_entry.py --precision high --out $OUT      # 16 workloads x 5, one precision
+  python benchmarks/sol076/time_entry.py --quick --out $OUT               # CPU smoke test (CI): 4x4x2, eager + solution
+  python benchmarks/sol076/time_entry.py --resume $OUT --out $OUT         # only the cells not yet run
+Appends each cell's row to benchmarks/results/sol076_entry.jsonl (or --out: a .jsonl file, or a directory for
+<dir>/sol076_entry.jsonl) as it finishes, starting with common.row_meta (commit, date, GPU, versions); prints the
+per-workload table (markdown), the suite means and the targets last.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ PRIORS = {"solution": 12, "solution-opaque": 10, "solution-combo": 12, "solution
 # targets printed for these
 ENTRIES = ("solution", "solution-bf16", "solution-bf16-staged", "solution-bf16-staged-1s", "solution-bf16-chunked",
            "solution-chunked")
-RESULTS_NAME = "sol076_solution.json"
+HARNESS = "sol076_entry"  # its rows: benchmarks/results/sol076_entry.jsonl
 WARMUP, ITERS = 10, 50  # the benchmark's counts
 # Targets from the issue (H200): checked and printed under the table
 TARGETS = {"high_mean_us": 600, "highest_mean_us": 2500, "span_7x7x1_us": 60, "peak_64x64x4_mib": 700}
@@ -292,7 +293,7 @@ def parse_args(argv=None):
     ap.add_argument("--precision", default="high", help="comma list of highest,high,medium, or 'all'")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="warm-up calls, the compiling one included")
     ap.add_argument("--iters", type=int, default=ITERS, help="timed calls")
-    common.add_run_args(ap, RESULTS_NAME, budget=500.0, chart=False)
+    common.add_run_args(ap, HARNESS, budget=500.0)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test: 4x4x2, eager + solution, 2 + 2 calls")
     args = ap.parse_args(argv)
     if args.quick:
@@ -308,7 +309,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device, budget, env = common.start_run(args, PRIORS)
+    device, budget, env, meta = common.start_run(args, PRIORS)
     t0 = budget.t0
     common.log(f"sol076 exact rules on {env['device']}: torch {env['torch']}, triton {env['triton']}; "
                f"{len(args.workloads)} workloads x {len(args.impls)} impls x {len(args.precision)} precisions", t0)
@@ -317,19 +318,9 @@ def main(argv=None) -> dict:
     flusher = common.L2Flusher(device)
     rows: list[dict] = [r for r in common.load_rows(args.resume) if r.get("status") in common.DONE_STATUSES]
     done = {(r["precision"], r["workload"], r["impl"]) for r in rows}
+    resumed = len(rows)
     skipped: list[dict] = []
-    path = os.path.join(args.out, RESULTS_NAME)
-    config = {"warmup": args.warmup, "iters": args.iters, "l2_flush_bytes": flusher.nbytes, "impls": list(args.impls),
-              "precisions": list(args.precision), "workloads": [bench.wl_name(w) for w in args.workloads]}
-
-    def save():
-        payload = {"benchmark": "SOL-ExecBench L2/076, the benchmark's timing rules", "env": env,
-                   "method": __doc__[__doc__.index("The benchmark's rules"):__doc__.index("Run time")].strip(), "config": config,
-                   "results": rows, "summary": summarize(rows), "skipped": skipped}
-        payload["targets"] = {impl: [list(t) for t in targets(rows, payload["summary"], impl)] for impl in ENTRIES
-                              if any(r["impl"] == impl for r in rows)}
-        common.write_json(path, payload)
-        return payload
+    path = common.results_path(HARNESS, args.out, default=not args.quick)
 
     for prec in args.precision:
         for wl, atol in args.workloads.items():
@@ -346,10 +337,10 @@ def main(argv=None) -> dict:
                     copies = fresh_copies(data.sets[0], args.warmup + args.iters)
                 row = run_cell(impl, wl, prec, data, copies, device, flusher, args)
                 row["cell_s"] = round(time.perf_counter() - tcell, 2)
-                row["git"] = env.get("git")
+                row = {**meta, **row, "warmup": args.warmup, "iters": args.iters}
                 budget.record(impl, row["cell_s"])
                 rows.append(row)
-                save()
+                common.append_rows(path, [row])
                 common.log(f"{prec:7s} {bench.wl_name(wl):8s} {impl:25s} {row['status']:5s} "
                            f"{'span' if row['span_us'] is not None else 'wall'} {common.fmt(latency(row)):>9s} us  "
                            f"kernels {common.fmt(row['n_kernels'], '.0f'):>4s}  "
@@ -360,10 +351,12 @@ def main(argv=None) -> dict:
                            + ("" if row["status"] == "PASS" else f"  [{row['detail'][:100]}]"), t0)
             del data, copies
             common.reset_compile_state()
-    payload = save()
-    print_report(rows, payload["summary"], skipped)
-    common.log(f"wrote {path}", t0)
-    return payload
+    summary = summarize(rows)
+    result = {"results": rows, "summary": summary, "skipped": skipped,
+              "targets": {impl: targets(rows, summary, impl) for impl in ENTRIES if any(r["impl"] == impl for r in rows)}}
+    print_report(rows, summary, skipped)
+    common.log(f"appended {len(rows) - resumed} rows to {path}" if path else "--quick without --out: no rows written", t0)
+    return result
 
 
 if __name__ == "__main__":

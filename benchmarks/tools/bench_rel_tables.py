@@ -7,7 +7,10 @@ Per 076 grid (12 heads, bf16 unless --dtype), us by CUDA-graph replay (do_bench 
   T_w, dqrel_w, dtab_w         q @ tables^T, dT @ tables, dT^T @ q at width w = 4H - 2 (natural) and w8 (aligned)
 Each kernel's output is checked equal to the torch form's before it is timed.
 
-    python benchmarks/tools/bench_rel_tables.py --out $OUT      # writes bench_rel_tables.json, a table last
+    python benchmarks/tools/bench_rel_tables.py --out $OUT      # one row per grid, a table last
+
+Appends one row per grid to benchmarks/results/bench_rel_tables.jsonl (or --out: a .jsonl file, or a directory for
+<dir>/bench_rel_tables.jsonl), each starting with common.row_meta (commit, date, GPU, versions).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sol076"))  # the entry's tables
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: common, bench_attention_core
 from bench_attention_core import graph_bench  # noqa: E402
-from common import env_info  # noqa: E402
+import common  # noqa: E402
 
 import rel_pos_ops  # noqa: E402  (the torch forms; registers the ops)
 import rel_pos_tables  # noqa: E402
@@ -63,17 +66,19 @@ def run(grid, dtype) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=None, help="append the rows to this .jsonl file (a directory: "
+                                                "<dir>/bench_rel_tables.jsonl) instead of benchmarks/results/")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    meta = common.row_meta(common.env_info(), torch.device("cuda"))
+    path = common.results_path("bench_rel_tables", args.out)
     rows = []
     for grid in GRIDS:
         rows.append(run(grid, dtype))
         print(json.dumps(rows[-1]), flush=True)
+        common.append_rows(path, [{**meta, "dtype": args.dtype, **rows[-1]}])
         torch._dynamo.reset()
-    with open(os.path.join(args.out, "bench_rel_tables.json"), "w") as f:
-        json.dump(dict(env=env_info(), dtype=args.dtype, rows=rows), f, indent=1)
     keys = [k for k in rows[0] if k not in ("grid", "width", "width8")]
     print(f"{'grid':<10}" + "".join(f"{k:>13}" for k in keys))
     for r in rows:

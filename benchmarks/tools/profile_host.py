@@ -22,7 +22,9 @@ Triton launch, index_rows.
                                             # the frozen encoder of finetune_samhq.py --train decoder
   python benchmarks/tools/profile_host.py --what decoder --batch 4 ...
                                             # that recipe's whole step (encoder, mask decoder, AdamW)
-Writes DIR/profile_host_<model>_<what>_<dtype>_b<batch>.json and prints a table.
+Appends one row per build to benchmarks/results/profile_host.jsonl (or --out), each starting with common.row_meta
+(commit, date, GPU, versions), then the run's cell (model, what, dtype, batch), its builds and the build's figures
+(with --pieces, the samhq build's row also holds them); prints a table.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import statistics
@@ -42,6 +43,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import common  # noqa: E402
+
+HARNESS = "profile_host"  # its rows: benchmarks/results/profile_host.jsonl
 
 BUILDS = {
     "samhq": ("eager", "samhq", {"samhq.triton_op": "auto"}),
@@ -145,8 +149,6 @@ def interleaved_walls(calls: dict, n: int, sync_after: bool = True) -> dict[str,
     whose speed drifts over seconds (lent machines do, by up to 1.7x between rounds of 20 calls) slows every build
     alike, where timing build after build would charge the drift to whichever build ran then. sync_after=False
     times only the issue: the host's time to the call's return, the GPU running behind."""
-    import common
-
     names = list(calls)
     out: dict[str, list[float]] = {name: [] for name in names}
     for i in range(n):
@@ -174,8 +176,6 @@ def call_peak_mib(call) -> float:
 
 def gpu_profile(call, calls: int = 3) -> dict:
     from torch.profiler import ProfilerActivity, profile
-
-    import common
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -311,7 +311,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20, help="synchronized calls per timing round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="timing rounds of --iters calls per build, the builds' calls interleaved one by one")
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=None, help=f"append the rows to this .jsonl file (a directory: "
+                                                 f"<dir>/{HARNESS}.jsonl) instead of benchmarks/results/{HARNESS}.jsonl")
     ap.add_argument("--pieces", action="store_true", help="also time the fused op's pieces")
     args = ap.parse_args()
     torch.set_float32_matmul_precision("high")
@@ -320,13 +321,14 @@ def main():
 
     import samhq_fx
 
-    result = {"args": vars(args), "torch": torch.__version__, "triton": triton.__version__, "builds": {}}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"profile_host_{args.model}_{args.what}_{args.dtype}_b{args.batch}.json")
+    path = common.results_path(HARNESS, args.out)
+    names = args.builds.split(",")
+    run = {**common.row_meta(common.env_info(), device), "model": args.model, "what": args.what, "dtype": args.dtype,
+           "batch": args.batch, "iters": args.iters, "rounds": args.rounds, "builds": names}
+    result = {"builds": {}}
     # Compile every build first, then time them in rotation: in one process the first build timed ran slower on
     # the host in every piece (addmm, launches, guards ~1.5x; H200, 2026-12-02), so timing builds one after the
     # other favours the later ones.
-    names = args.builds.split(",")
     built = {}
     for name in names:
         held = name.endswith(HELD)
@@ -353,8 +355,6 @@ def main():
             call()
         built[name] = (enc, call, row)
         result["builds"][name] = row
-        with open(path, "w") as f:  # compiles so far, in case the run is cut before the timings
-            json.dump(result, f, indent=1, default=str)
         print(f"{name:22s} compiled in {row['compile_s']:.0f} s, fused {row['fused']}", flush=True)
     calls = {name: built[name][1] for name in names}
     timed = interleaved_walls(calls, args.rounds * args.iters)
@@ -377,9 +377,10 @@ def main():
               f"{row['issue_ms']:7.2f} ms  gpu {row['gpu_ms']:6.2f} ms  busy {100 * row['gpu_busy']:4.0f}%  launches "
               f"{row['launches']:6.0f}  peak +{row['call_peak_mib']:.0f} MiB  fused {row['fused']}", flush=True)
         if args.pieces and name == "samhq":
-            result["pieces"] = op_pieces(enc, args.batch, torch.float32 if args.dtype == "tf32" else torch.bfloat16)
-        with open(path, "w") as f:  # after every build: a later one that fails or runs out of time loses nothing
-            json.dump(result, f, indent=1, default=str)
+            result["pieces"] = row["pieces"] = op_pieces(enc, args.batch,
+                                                         torch.float32 if args.dtype == "tf32" else torch.bfloat16)
+        # after every build: a later one that fails or runs out of time loses nothing
+        common.append_rows(path, [{**run, "build": name, **row}])
     for p in result.get("pieces", []):
         if p["us"] is not None:
             print(f"  {p['us']:8.1f} us  {p['piece']}")

@@ -8,10 +8,12 @@ Runs the call twice (the first compiles; ncu's -c counts launches, so skip the f
 shape is SAM-B's (12 heads, head dim 64); ViT-H's global layer is `--heads 16 --head-dim 80`
 (SAMHQ_FX_SPLIT_HEAD_DIM=0 in the environment pads that head dim to 128 instead of running it as 64 + 16).
 
-    python benchmarks/tools/profile_kernels.py --summarize prof.csv
+    python benchmarks/tools/profile_kernels.py --summarize prof.csv --mode bf16 [--heads 16 --head-dim 80 ...]
 
 prints one line per launch of an `ncu --csv --page details` export: duration, registers, shared memory,
-occupancy and throughputs.
+occupancy and throughputs, and appends them as rows to benchmarks/results/profile_kernels.jsonl (or --out), each
+starting with common.row_meta (commit, date, GPU, versions: run it on the machine that profiled) and the profiled
+call's flags (give the ones the profile ran with).
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 SUMMARY = {"Duration": "us", "Registers Per Thread": "regs", "Dynamic Shared Memory Per Block": "smem KB",
            "Theoretical Occupancy": "occ theor %", "Achieved Occupancy": "occ %",
            "Compute (SM) Throughput": "SM %", "Memory Throughput": "mem %"}
+
+
+# SUMMARY's headings as a results row names them
+ROW_KEYS = {"us": "us", "regs": "regs", "smem KB": "smem_KB", "occ theor %": "occ_theor_pct", "occ %": "occ_pct",
+            "SM %": "SM_pct", "mem %": "mem_pct"}
 
 
 # to us and KB; ncu 2025.3 writes "ns" / "us" / "ms" and "byte/block" / "Kbyte/block", older ones "nsecond"
@@ -59,13 +66,28 @@ def main():
     ap.add_argument("--heads", type=int, default=None, help="default: SAM-B's 12")
     ap.add_argument("--head-dim", type=int, default=None, help="default: SAM-B's 64")
     ap.add_argument("--overrides", default="{}", help="JSON for kernels.configs.OVERRIDES")
-    ap.add_argument("--summarize", metavar="CSV", help="print an `ncu --csv --page details` export and exit")
+    ap.add_argument("--summarize", metavar="CSV", help="print an `ncu --csv --page details` export, append its rows "
+                                                       "and exit")
+    ap.add_argument("--out", default=None, help="with --summarize: append the rows to this .jsonl file (a directory: "
+                                                "<dir>/profile_kernels.jsonl) instead of benchmarks/results/")
     args = ap.parse_args()
     if args.summarize:
+        import torch
+        from bench_attention_core import D, HEADS
+
+        import common
+
         cols = list(SUMMARY.values())
         print(f"{'kernel':<14}" + "".join(f"{c:>12}" for c in cols))
-        for d in summarize(args.summarize):
+        launches = summarize(args.summarize)
+        for d in launches:
             print(f"{d['kernel']:<14}" + "".join(f"{d.get(c, float('nan')):12.1f}" for c in cols))
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        call = {"mode": args.mode, "grid": args.grid, "batch": args.batch, "heads": args.heads or HEADS,
+                "head_dim": args.head_dim or D, "overrides": json.loads(args.overrides)}
+        common.append_rows(common.results_path("profile_kernels", args.out),
+                           [{**common.row_meta(common.env_info(), device), **call, "launch": k, "kernel": d["kernel"],
+                             **{ROW_KEYS[c]: d[c] for c in cols if c in d}} for k, d in enumerate(launches)])
         return
 
     import torch

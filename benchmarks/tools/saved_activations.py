@@ -8,12 +8,13 @@ costs no memory) and the rest (activations and casts, which the backward's peak 
 partitioner chose, not a peak: on the GPU the step's peak adds the fixed state and the backward's temporaries.
 `--inductor` compiles the rest with Inductor (minutes on a CPU); by default aot_eager, which runs the same
 partitioner (min-cut, with the budget), though Inductor's recomputes more pointwise ops on its own.
+Appends one row per budget to benchmarks/results/saved_activations.jsonl (or --out), each starting with
+common.row_meta (commit, date, GPU, versions).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import env_info  # noqa: E402
+import common  # noqa: E402
 
 
 def saved_bytes(fn, x, params: set[int], autocast_dtype=None) -> tuple[object, int, int]:
@@ -52,11 +53,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--budgets", default="none,0.5,0.2", help="comma list of samhq.memory_budget values, or none")
     ap.add_argument("--inductor", action="store_true", help="compile with Inductor instead of aot_eager")
-    ap.add_argument("--out", default=None, help="write the rows to this JSON file")
+    ap.add_argument("--out", default=None, help="append the rows to this .jsonl file (a directory: "
+                                                "<dir>/saved_activations.jsonl) instead of benchmarks/results/")
     args = ap.parse_args(argv)
     budgets = [None if b.strip() == "none" else float(b) for b in args.budgets.split(",") if b.strip()]
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    meta = common.row_meta(common.env_info(), torch.device(device))
+    path = common.results_path("saved_activations", args.out)
     cfg = models.tiny_vision_config() if args.model == "tiny" else models.vision_config(args.model)
     model = models.random_init_(SamHQVisionModel(cfg)).to(device)
     size = cfg.image_size
@@ -71,15 +75,13 @@ def main(argv=None) -> list[dict]:
         out, weights, rest = saved_bytes(torch.compile(model, backend="samhq", options=options), x, params,
                                          torch.bfloat16 if args.dtype == "bf16" else None)
         del out  # and with it what it saved, before the next compile
-        rows.append(dict(model=args.model, dtype=args.dtype, batch=args.batch, device=device, budget=budget,
+        rows.append(dict(meta, model=args.model, dtype=args.dtype, batch=args.batch, device=device, budget=budget,
                          inductor=args.inductor, saved_params_mib=round(weights / 2**20, 3),
                          saved_rest_mib=round(rest / 2**20, 3), fused=torch._dynamo.utils.counters["samhq"]["fused"],
                          seconds=round(time.perf_counter() - start, 1)))
+        common.append_rows(path, rows[-1:])
         print(f"{args.model} {args.dtype} b{args.batch} budget {budget}: saved {rest / 2**20:.2f} MiB "
               f"+ parameters {weights / 2**20:.2f} MiB; {rows[-1]['fused']} fused", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(env=env_info(), rows=rows), f, indent=1)
     return rows
 
 

@@ -16,23 +16,22 @@ fit the SM fails at its first launch and is recorded as an error, not fatal.
     --baseline FILE: also time a kernels module from FILE (e.g. `git show REV:kernels/rel_pos_attention.py`
     when that revision was one file) on the same shapes, in the same process: before / after without
     a second run. --warm-only --shard i/n compiles first, in parallel processes (below).
-    Writes sweep_kernels.json to --out (default $OUT or .); a table last.
+    Appends one row per timed candidate to benchmarks/results/sweep_kernels.jsonl (or --out: a .jsonl file, or a
+    directory for <dir>/sweep_kernels.jsonl), each starting with common.row_meta (commit, date, GPU, versions) and
+    naming its sweep; a table last.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-import time
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: common, bench_attention_core
-from common import env_info  # noqa: E402
+import common  # noqa: E402
 from bench_attention_core import (D, HEADS, K, MODES, SOL, flops, graph_bench, load_module, make,  # noqa: E402
                                   ours_fns)
 
@@ -229,11 +228,11 @@ SMALL_STEP_CANDS = {
 # with Triton 3.9, 2026-12-02), global / windows: dK/dV shipped (16, 2 stages) 84 / 88 KB, 2 CTAs per SM; 32 at 2
 # stages 128 / 136 KB, 1; 32 at 3 stages 176 / 192 KB, 1; 16 at 3 stages 108 / 116 KB, 2 / 1. dQ shipped 200 KB
 # (8 warps, 2 stages) / 85 KB, 1 / 2 CTAs; 64 queries, 4 warps, 2 stages 160 / 70 KB, 1 / 3; 3 stages 220 / 85 KB.
-# Measured (H200, 2026-12-03, results/sweep_d80_fp32_h200.json): dK/dV at 16 queries and 3 stages, backward 3170 ->
+# Measured (H200, 2026-12-03, results/sweep_kernels.jsonl, sweep "sweep_d80_fp32"): dK/dV at 16 queries and 3 stages, backward 3170 ->
 # 2622 us global (now shipped there), 540 -> 615 windows; the others lost.
 # The windows' dQ at 2 stages (offline, sm_90, Triton 3.9: 168 registers / 70 KB, 3 CTAs per SM against 162 / 85 KB,
 # 2 at the shipped 3; the global layer ships 2 stages already) lost: 577.8 against 540.6 us (050645a, 2026-12-03,
-# results/sweep_d80_fp32_shipped_row_h200.json). Register caps would add a CTA to the forward (130 -> 127, 4) but
+# results/sweep_kernels.jsonl). Register caps would add a CTA to the forward (130 -> 127, 4) but
 # Inductor's triton_op launches drop them (NOTES, register caps).
 D80_SHAPES = [(64, 1), (14, 25)]
 D80_CANDS = {
@@ -252,7 +251,7 @@ D80_CANDS = {
 # register counts matched ncu's, 185 for TF32 dK/dV at D=80), forward 128 -> 93 registers, 4 -> 5 CTAs per SM
 # (D=64's shipped occupancy), dQ 141 -> 128, 3 -> 4 CTAs, each at twice the key tiles. Predicted: forward 49 -> 42-45
 # us; dQ within +-5%; at D=64 the forward at 16 (95 -> 80 registers, 5 -> 6 CTAs) within +-5%.
-# Measured (H200, 2026-12-03, results/sweep_d80_bf16_windows_h200.json): D=80 forward 48.9 -> 47.8 us at 16, 47.6 at
+# Measured (H200, 2026-12-03, results/sweep_kernels.jsonl, sweep "sweep_d80_bf16_windows"): D=80 forward 48.9 -> 47.8 us at 16, 47.6 at
 # 16 / 3 stages (-2.7%: the fifth CTA bought a third of what was predicted); dQ at 16 lost (backward 154.4 -> 155.7,
 # 156.9 at 3 stages); D=64's forward at 16 lost (35.3 -> 38.6).
 D80_BF16_SHAPES = [(14, 25)]
@@ -359,7 +358,8 @@ def sweep_tables(results, old_path: str, shapes=TABLE_SHAPES):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--out", default=None, help="append the rows to this .jsonl file (a directory: "
+                                                "<dir>/sweep_kernels.jsonl) instead of benchmarks/results/sweep_kernels.jsonl")
     ap.add_argument("--bwd", action="store_true")
     ap.add_argument("--narrow", action="store_true")
     ap.add_argument("--narrow-bf16", action="store_true", help="bf16 configs on narrow grids and SAM-B's windows")
@@ -377,9 +377,9 @@ def main():
     args = ap.parse_args()
     WARM["only"] = args.warm_only
     WARM["shard"], WARM["shards"] = map(int, args.shard.split("/"))
-    results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                   env=env_info(), config_table=[list(r) for r in K.configs.TABLE], started=time.strftime("%Y-%m-%d %H:%M:%S"))
-    path = os.path.join(args.out, "sweep_kernels.json")
+    meta = common.row_meta(common.env_info(), torch.device("cuda"))
+    path = common.results_path("sweep_kernels", args.out)
+    results: dict = {}  # sweep name -> its rows
     baseline = load_module(args.baseline) if args.baseline else None
     for flag, run in ((args.bwd, lambda: sweep_bwd(results, baseline)), (args.narrow, lambda: sweep_narrow(results)),
                       (args.narrow_bf16, lambda: print_narrow(sweep_narrow(results, "bf16", NARROW_BF16, NARROW_CANDS_BF16))),
@@ -400,11 +400,12 @@ def main():
                       (args.dkdv128, lambda: print_narrow(sweep_narrow(results, "bf16", DKDV128_SHAPES, DKDV128_CANDS,
                                                                        "sweep_dkdv128")))):
         if flag:
+            before = set(results)
             run()
             if WARM["only"]:
                 continue
-            with open(path, "w") as f:
-                json.dump(results, f, indent=1)
+            common.append_rows(path, [{**meta, "sweep": key, **r} for key in results if key not in before
+                                      for r in results[key]])
 
 
 if __name__ == "__main__":
