@@ -36,6 +36,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import image_size  # noqa: E402
 
 try:
     from samhq_fx.kernels import rel_pos_attention as K
@@ -237,27 +238,28 @@ def sol_shapes(results, modes=("bf16", "fp32-tf32"), baseline=None):
     return rows
 
 
-# SAM's encoders at 1024x1024 (samhq_fx.models.VIT_SIZES), batch 1: (name, heads, head dim); the 128 row is a
-# reference point (a head dim with no padding)
+# SAM's encoders (samhq_fx.models.VIT_SIZES), batch 1: (name, heads, head dim); the 128 row is a reference point
+# (a head dim with no padding)
 SAM_SIZES = [("vit-b", 12, 64), ("vit-l", 16, 64), ("vit-h", 16, 80), ("d128", 16, 128)]
-SAM_LAYERS = [("global", 64, 1), ("window", 14, 25)]  # (layer, grid side, windows per image)
+SAM_IMAGES = (1024, 512, 256)  # image sizes whose grid classes --sam-sizes times (image_size.grid_classes)
 
 
-def sam_sizes(results, modes=("bf16", "fp32-tf32")):
-    """Our kernels at each SAM size's global and window layers, batch 1: forward and forward + backward, each
-    its own CUDA graph; cuDNN / flash SDPA with no bias beside them (a floor: the same attention without
-    the rel-pos terms)."""
+def sam_sizes(results, modes=("bf16", "fp32-tf32"), imgs=SAM_IMAGES):
+    """Our kernels at each SAM size's global and window layers at each image size of `imgs` (1024: a 64x64 global
+    grid, 25 windows of 14x14; 512: 32x32 and 9 windows over the grid padded to 42x42; 256: 16x16 and 4 windows
+    over 28x28), batch 1: forward and forward + backward, each its own CUDA graph; cuDNN / flash SDPA with no bias
+    beside them (a floor: the same attention without the rel-pos terms)."""
     rows = []
     for mode in modes:
         dtype, prec = MODES[mode]
         torch.set_float32_matmul_precision(prec)
         for name, heads, d in SAM_SIZES:
-            for layer, side, windows in SAM_LAYERS:
+            for img, (layer, side, windows) in ((img, c) for img in imgs for c in image_size.grid_classes(img)):
                 b = heads * windows
                 q, k, v, rh, rw, do = make(b, side, dtype, d=d)
                 fwd, _bwd, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5)
-                row = dict(model=name, mode=mode, layer=layer, heads=heads, head_dim=d, grid=side, batch=windows,
-                           fwd_ms=graph_bench(fwd), ms=graph_bench(both))
+                row = dict(model=name, img=img, mode=mode, layer=layer, heads=heads, head_dim=d, grid=side,
+                           batch=windows, fwd_ms=graph_bench(fwd), ms=graph_bench(both))
                 f_fwd, f_bwd = flops(b, side * side, d)
                 row.update(fwd_tflops=f_fwd / row["fwd_ms"] / 1e9, tflops=(f_fwd + f_bwd) / row["ms"] / 1e9)
                 if dtype != torch.float32:
@@ -282,14 +284,16 @@ def sam_sizes(results, modes=("bf16", "fp32-tf32")):
 
 def print_sam_sizes(rows):
     print("\nSAM sizes, batch 1, ms, CUDA-graph replay (do_bench median); ratio = fwd+bwd / the same layer at head dim 64")
-    print(f"{'mode':<11}{'model':<7}{'D':>4}{'layer':>8}{'fwd':>8}{'fwd+bwd':>9}{'TFLOP/s':>8}{'sdpa nb':>8}{'vs D64':>7}")
+    print(f"{'mode':<11}{'model':<7}{'D':>4}{'img':>6}{'layer':>8}{'grid':>8}{'fwd':>8}{'fwd+bwd':>9}{'TFLOP/s':>8}"
+          f"{'sdpa nb':>8}{'vs D64':>7}")
     for r in rows:
         base = next((x for x in rows if x["mode"] == r["mode"] and x["layer"] == r["layer"] and x["head_dim"] == 64
-                     and x["heads"] == r["heads"]), None)
+                     and x["heads"] == r["heads"] and x["img"] == r["img"]), None)
         ratio = f"{r['ms'] / base['ms']:7.2f}" if base else "      -"
         sd = f"{r['sdpa_nobias_ms']:8.3f}" if "sdpa_nobias_ms" in r else "       -"
-        print(f"{r['mode']:<11}{r['model']:<7}{r['head_dim']:>4}{r['layer']:>8}{r['fwd_ms']:8.3f}{r['ms']:9.3f}"
-              f"{r['tflops']:8.1f}{sd}{ratio}")
+        grid = f"{r['grid']}x{r['batch']}"
+        print(f"{r['mode']:<11}{r['model']:<7}{r['head_dim']:>4}{r['img']:>6}{r['layer']:>8}{grid:>8}"
+              f"{r['fwd_ms']:8.3f}{r['ms']:9.3f}{r['tflops']:8.1f}{sd}{ratio}")
 
 
 def main():
@@ -300,6 +304,8 @@ def main():
     ap.add_argument("--skip-sol", action="store_true")
     ap.add_argument("--sam-sizes", action="store_true",
                     help="only the SAM sizes table: head dims 64 / 80 / 128 at the global and window layers")
+    ap.add_argument("--img", default=",".join(map(str, SAM_IMAGES)),
+                    help="with --sam-sizes: comma list of image sizes whose grid classes to time (default 1024,512,256)")
     ap.add_argument("--baseline", help="a one-file kernels module (an older revision) timed beside ours on the 076 shapes")
     ap.add_argument("--warm-only", action="store_true",
                     help="run each 076 cell once (compiles into Triton's disk cache), time nothing, write nothing")
@@ -321,7 +327,7 @@ def main():
             common.append_rows(path, [{**meta, "section": section, **r} for r in results[section]])
 
     if args.sam_sizes:
-        sam_sizes(results)
+        sam_sizes(results, imgs=tuple(image_size.check(int(i)) for i in args.img.split(",")))
         save("sam_sizes")
         print_sam_sizes(results["sam_sizes"])
         return

@@ -1,8 +1,9 @@
 """Inference benchmark: SAM-HQ ViT-B/L/H image encoder (or the whole SamHQModel), forward only, per implementation.
 
-Model: transformers' SamHQModel with a vision encoder of --model's size at 1024x1024
-(samhq_fx.models.sam_hq_config(full=True, size=...): "vit-b", the default, "vit-l" or "vit-h", VIT_SIZES; --quick:
-the small CPU model, sam_hq_config(full=False), recorded as model "tiny"), random weights
+Model: transformers' SamHQModel with a vision encoder of --model's size (samhq_fx.models.sam_hq_config(full=True,
+size=...): "vit-b", the default, "vit-l" or "vit-h", VIT_SIZES), built for and fed images of --img (1024, SAM's, the
+default; 512, 256: an img/16-square patch grid, benchmarks/image_size.py); --quick: the small CPU model,
+sam_hq_config(full=False), recorded as model "tiny" at its own image size; random weights
 (samhq_fx.models.random_init_), .eval(), every call under torch.no_grad().  --target encoder (default)
 times model.vision_encoder(pixel_values) -- the image embeddings, where all rel-pos attention and nearly all
 FLOPs are; --target model times model(pixel_values, input_boxes=one box per image, multimask_output=False).
@@ -15,9 +16,9 @@ samhq-eager-ro, samhq-sdpa-ro (impls.COMPARED, with the two eager baselines: the
 --modes reduce-overhead (or ro) keeps only the compiled impls of that mode (the eager baselines, the check's
 reference, stay).  Every compile is dynamic=False, fresh per cell.
 
-Every row records its "model"; rows of different models are never compared (summaries, the check and merge keys
-include it), and rows without one (files written before --model) are read as "vit-b".
-Per (model, target, dtype, batch, impl) cell, all cells of a (model, target, dtype, batch) group in one process (host-bound
+Every row records its "model" and "img"; rows of different models or image sizes are never compared (summaries, the
+check and merge keys include both), and rows without them are read as "vit-b" at 1024.
+Per (model, img, target, dtype, batch, impl) cell, all cells of a (target, dtype, batch) group in one process (host-bound
 timings from different processes are not comparable; --gpus N splits whole groups over N GPUs):
   latency ms   median over --iters calls after --warmup calls (the first compiles; reduce-overhead records its
                graph in the next ones), CUDA events around the call, torch.compiler.cudagraph_mark_step_begin()
@@ -41,14 +42,15 @@ timings from different processes are not comparable; --gpus N splits whole group
 Summaries, over the OK rows of the run:
   "summary"          per group: the fastest samhq, Inductor and eager rows (any mode) and samhq's speedup over each
                      (plot.best_per_family);
-  "summary_by_mode"  per (model, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row
+  "summary_by_mode"  per (model, img, target, dtype, batch, mode): the fastest samhq row against the fastest Inductor row
                      of the SAME mode (either attention class), the ratio Inductor latency / samhq latency and both
                      sides' host_ms and gpu_busy (plot.best_by_mode), printed last as one line each, e.g.
-                     "vit-b encoder bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms: 1.73x (host 1.2 /
-                     2.3 ms, busy 88% / 93%)" ("-" where not measured).
+                     "vit-b 1024px encoder bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms: 1.73x
+                     (host 1.2 / 2.3 ms, busy 88% / 93%)" ("-" where not measured).
 
   python benchmarks/inference.py                          # encoder, tf32+bf16, batch 1+8, 10 impls, 480 s budget
   python benchmarks/inference.py --model vit-l --batch 1  # SAM-HQ's ViT-L encoder
+  python benchmarks/inference.py --img 256 --batch 1,32   # 256x256 images: a 16x16 grid, 4 windows per image
   python benchmarks/inference.py --modes default          # default-mode builds (and the eager baselines) only
   python benchmarks/inference.py --gpus 2                 # the 4 (dtype, batch) groups over 2 GPUs
   python benchmarks/inference.py --quick                  # CPU smoke test (small model), used in CI
@@ -70,6 +72,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import common  # noqa: E402
+import image_size  # noqa: E402
 import impls  # noqa: E402
 import plot  # noqa: E402
 
@@ -83,12 +86,14 @@ PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forwar
 HARNESS = "inference"  # its rows: benchmarks/results/inference.jsonl
 
 
-def build(attn: str, quick: bool, device: torch.device, dtype: str, size: str = "vit-b"):
+def build(attn: str, quick: bool, device: torch.device, dtype: str, size: str = "vit-b", img: int | None = 1024):
+    """SamHQModel with the `size` encoder at image size `img`, or the small CPU one (quick), random weights."""
     from transformers import SamHQModel
 
     from samhq_fx.models import random_init_, sam_hq_config
 
-    model = random_init_(SamHQModel(sam_hq_config(attn, full=not quick, size=size)))
+    cfg = sam_hq_config(attn) if quick else image_size.sam_hq_config(attn, size, img)
+    model = random_init_(SamHQModel(cfg))
     got = type(model.vision_encoder.layers[0].attn).__name__
     if ("Sdpa" in got) != (attn == "sdpa"):
         raise RuntimeError(f"asked for attn_implementation={attn!r}, got {got}")
@@ -106,7 +111,7 @@ def run_cell(key: tuple, args, device, keep: dict | None = None) -> dict:
     target, dtype, batch, name = key
     impl = IMPLS[name]
     what = "model.vision_encoder" if target == "encoder" else "model"
-    row = {"model": args.model, "target": target, "dtype": dtype, "batch": batch, "impl": name, "attn_implementation": impl.attn,
+    row = {"model": args.model, "img": args.img, "target": target, "dtype": dtype, "batch": batch, "impl": name, "attn_implementation": impl.attn,
            "compiler": impl.backend or "none", "mode": impl.mode or "default", "recipe": impls.recipe(impl, what),
            "status": None, "detail": "", "latency_ms": None, "images_per_s": None, "peak_mib": None,
            "gpu_busy": None, "gpu_ms": None, "host_ms": None, "compile_s": None, "check": None, "fused": None}
@@ -121,8 +126,9 @@ def run_cell(key: tuple, args, device, keep: dict | None = None) -> dict:
     base = torch.cuda.memory_allocated(device) if cuda else 0  # the cells kept alive before this one
     try:
         with cudagraph_skips() as skips, torch.no_grad():
-            model = build(impl.attn, args.quick, device, dtype, args.model)
+            model = build(impl.attn, args.quick, device, dtype, args.model, args.img)
             cfg = model.config.vision_config
+            row["img"] = cfg.image_size
             gen = torch.Generator().manual_seed(batch)
             x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=gen).to(device, model.dtype)
             boxes = (torch.tensor([[[0.2, 0.2, 0.7, 0.6]]]) * cfg.image_size).repeat(batch, 1, 1).to(device)
@@ -190,7 +196,7 @@ def rotate(rows: dict, keep: dict, args, device) -> None:
             row["host_ms"] = round(max(0.0, row["latency_ms"] - row["gpu_ms"]), 3)
 
 
-GROUP = ("model", "target", "dtype", "batch")  # what a summary line and the check compare within
+GROUP = ("model", "img", "target", "dtype", "batch")  # what a summary line and the check compare within
 CELL = ("target", "dtype", "batch", "impl")  # a cell of this run (its model is --model)
 
 
@@ -218,13 +224,13 @@ def summarize_by_mode(rows: list[dict]) -> list[dict]:
 
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
-    rows = sorted(rows, key=lambda r: (r["model"], r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
+    rows = sorted(rows, key=lambda r: (r["model"], r["img"] or 0, r["target"], DTYPES.index(r["dtype"]), r["batch"], order.index(r["impl"])))
     print()
     common.print_table(
-        ["model", "target", "dtype", "batch", "impl", "latency_ms", "images/s", "host_ms", "gpu_ms", "gpu_busy",
+        ["model", "img", "target", "dtype", "batch", "impl", "latency_ms", "images/s", "host_ms", "gpu_ms", "gpu_busy",
          "peak_MiB", "compile_s",
          "check_rel", "fused", "cg_skips", "breaks", "status", "detail"],
-        [[r["model"], r["target"], r["dtype"], r["batch"], r["impl"],
+        [[r["model"], r["img"], r["target"], r["dtype"], r["batch"], r["impl"],
           common.fmt(r.get("latency_ms"), ".2f"), common.fmt(r.get("images_per_s")), common.fmt(r.get("host_ms"), ".2f"),
           common.fmt(r.get("gpu_ms"), ".2f"), "-" if r.get("gpu_busy") is None else f"{100 * r['gpu_busy']:.1f}%",
           common.fmt(r.get("peak_mib")), common.fmt(r.get("compile_s")), common.fmt(r.get("check_rel_diff"), ".1e"),
@@ -235,8 +241,8 @@ def print_report(rows: list[dict]) -> None:
     if any("best_samhq" in s for s in summary):
         print("\nbest per family in this run (latency ms; samhq's speedup over the fastest Inductor / eager row):")
         common.print_table(
-            ["model", "target", "dtype", "batch", "samhq", "ms", "inductor", "ms", "vs_inductor", "vs_eager"],
-            [[s["model"], s["target"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_latency_ms"), ".2f"),
+            ["model", "img", "target", "dtype", "batch", "samhq", "ms", "inductor", "ms", "vs_inductor", "vs_eager"],
+            [[s["model"], s["img"], s["target"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_latency_ms"), ".2f"),
               s.get("best_inductor", "-"), common.fmt(s.get("best_inductor_latency_ms"), ".2f"),
               common.fmt(s.get("samhq_speedup_vs_inductor"), ".2f"), common.fmt(s.get("samhq_speedup_vs_eager"), ".2f")]
              for s in summary])
@@ -248,6 +254,8 @@ def parse_args(argv=None):
     ap.add_argument("--impls", default=None, help=f"comma list from {', '.join(IMPLS)} (default all of them)")
     ap.add_argument("--model", default="vit-b", choices=MODELS,
                     help="SAM-HQ image encoder size (samhq_fx.models.VIT_SIZES; default vit-b); --quick: the small one")
+    ap.add_argument("--img", type=int, default=None, choices=image_size.IMAGE_SIZES,
+                    help="image size the model is built for and fed at (default 1024; not with --quick)")
     ap.add_argument("--target", default="encoder", help="comma list of encoder,model (default encoder)")
     ap.add_argument("--modes", default=None,
                     help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
@@ -268,6 +276,9 @@ def parse_args(argv=None):
     if parsed:
         cells, (args.dtype, args.batch, args.impls) = parsed
         args.cells = {(d, int(b), i) for d, b, i in cells}
+    if args.quick and args.img is not None:
+        ap.error("--img: --quick builds the small model, at its own image size")
+    args.img = None if args.quick else args.img or 1024  # the small model's: recorded from its config
     if args.quick:
         args.iters, args.warmup, args.batch, args.dtype, args.model = 1, 1, "1", "tf32", "tiny"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
@@ -287,7 +298,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     device, budget, env, meta = common.start_run(args, PRIORS)
     t0 = budget.t0
-    common.log(f"inference on {env['device']}: torch {env['torch']}; model {args.model}; impls {','.join(args.impls)}; "
+    common.log(f"inference on {env['device']}: torch {env['torch']}; model {args.model} at "
+               f"{args.img or 'its own size'}px; impls {','.join(args.impls)}; "
                f"targets {args.target}; batch {args.batch}; {','.join(args.dtype)}", t0)
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
@@ -312,7 +324,8 @@ def main(argv=None) -> dict:
         shares = common.shard_groups(cells, lambda c: PRIORS[c.split("/")[2]], args.gpus,
                                      group=lambda c: c.rsplit("/", 1)[0])
         child = ["--iters", str(args.iters), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
-                 "--no-chart", "--device", "cuda", "--model", args.model] + ([] if args.profile else ["--no-profile"])
+                 "--no-chart", "--device", "cuda", "--model", args.model,
+                 "--img", str(args.img)] + ([] if args.profile else ["--no-profile"])
         rows += common.run_on_gpus(os.path.abspath(__file__), shares, child,
                                    timeout=args.time_budget + 300 if args.time_budget else None, t0=t0)
         finish(rows)
@@ -344,7 +357,7 @@ def main(argv=None) -> dict:
                 group_rows[key] = row
                 if not rotating(key):
                     finish([row])
-                common.log(f"{args.model} {key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
+                common.log(f"{args.model} {row['img']}px {key[0]} {key[1]} B={key[2]} {key[3]:18s} {row['status']:5s} "
                            f"{common.fmt(row['latency_ms'], '.2f'):>8s} ms  {common.fmt(row['images_per_s']):>8s} img/s  "
                            f"host {common.fmt(row['host_ms'], '.2f')} ms  "
                            f"peak {common.fmt(row['peak_mib']):>8s} MiB  compile {common.fmt(row['compile_s'])} s"

@@ -1,18 +1,19 @@
-"""Training-step benchmark: HF SamHQVisionModel ViT-B/L/H at 1024x1024, forward + backward + optimizer, per implementation.
+"""Training-step benchmark: HF SamHQVisionModel ViT-B/L/H, forward + backward + optimizer, per implementation.
 
 Model: transformers' SamHQVisionModel of --model's size, samhq_fx.models.vision_config(size): "vit-b" (the
 default; equal to SamHQVisionConfig() defaults: hidden 768, 12 layers, 12 heads, global attention in layers
 2/5/8/11), "vit-l" (1024, 24 layers, 16 heads, global 5/11/17/23) or "vit-h" (1280, 32 layers, 16 heads, global
-7/15/23/31); all with window 14, image 1024, patch 16, MLP 4x hidden.  --quick: the tiny QUICK_CONFIG model,
-recorded as model "tiny".  Randomly initialised (seed 0, initializer_range 0.02 instead of the config's 1e-10
+7/15/23/31); all with window 14, patch 16, MLP 4x hidden, built for and fed images of --img (1024, SAM's, the
+default; 512, 256: an img/16-square patch grid, benchmarks/image_size.py).  --quick: the tiny QUICK_CONFIG model,
+recorded as model "tiny" at its own image size.  Randomly initialised (seed 0, initializer_range 0.02 instead of the config's 1e-10
 so activations are not ~0).  The attention implementation
 is chosen at construction with SamHQVisionModel._from_config(config, attn_implementation=...), which works on
 transformers 5.17 and 5.24 (the layers pick their attention class when they are built), and is verified on the
 built model.
 
 One step = model.zero_grad(set_to_none=True) and torch.compiler.cudagraph_mark_step_begin() (untimed), then
-forward on pixel_values [B,3,1024,1024], loss = (out.last_hidden_state.float() * probe).mean() with a fixed
-random probe of the output's shape [B,256,64,64], loss.backward(), and the optimizer step (--optimizer:
+forward on pixel_values [B,3,img,img], loss = (out.last_hidden_state.float() * probe).mean() with a fixed
+random probe of the output's shape [B,256,img/16,img/16], loss.backward(), and the optimizer step (--optimizer:
 "adamw-fused" = torch.optim.AdamW(fused=True), the default; "adamw-compiled" = AdamW(foreach=False) whose
 step() is torch.compile'd with Inductor; "none").  lr 1e-6: the weights move, the timing does not care.
 (A fixed random projection rather than .pow(2).mean(): the vision neck ends in a LayerNorm, so the mean square
@@ -35,8 +36,8 @@ eager baselines, the loss check's reference, stay): half the compiles.
 Precision: "tf32" = fp32 with torch.set_float32_matmul_precision("high"); "bf16" = the same plus
 torch.autocast(bfloat16) around the forward.  Every compile is dynamic=False, fresh per cell.
 
-Every row records its "model"; rows of different models are never compared (summaries, loss check and merge
-keys include it), and rows without one (files written before --model) are read as "vit-b".
+Every row records its "model" and "img"; rows of different models or image sizes are never compared (summaries,
+loss check and merge keys include both), and rows without them are read as "vit-b" at 1024.
 Measurements per (model, dtype, batch, impl) cell:
   ms/step   median over --steps steps after --warmup warm-up steps (the first compiles), CUDA events around the
             step (no L2 flush: a step is ~50 ms, far beyond what L2 state can change). Default-mode compiled cells
@@ -65,19 +66,20 @@ Measurements per (model, dtype, batch, impl) cell:
             compiled optimizer adds its own);
   loss, rel_pos_grad_norm  of the first step (the norm of all rel_pos_h/rel_pos_w gradients, which flow only
             through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
-            model, batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
+            model, image size, batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
             tf32, 1e-1 in bf16).
 Summaries, over the OK rows of the results file:
-  "summary"          per (model, dtype, batch): the fastest samhq, Inductor and eager rows (any mode) and samhq's
+  "summary"          per (model, img, dtype, batch): the fastest samhq, Inductor and eager rows (any mode) and samhq's
                      speedup over the fastest Inductor and eager ones (plot.best_per_family);
-  "summary_by_mode"  per (model, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the
+  "summary_by_mode"  per (model, img, dtype, batch, mode): the fastest samhq row against the fastest Inductor row of the
                      SAME mode (either attention class; compiled-autograd rows count in their mode), the ratio
                      Inductor ms / samhq ms and both sides' host_ms and gpu_busy (plot.best_by_mode), printed last
-                     as one line each, e.g. "vit-b bf16 b1 default: samhq-eager 41.0 ms vs inductor 46.5 ms: 1.13x
-                     (host 1.2 / 2.3 ms, busy 88% / 93%)" ("-" where not measured).
+                     as one line each, e.g. "vit-b 1024px bf16 b1 default: samhq-eager 41.0 ms vs inductor 46.5 ms:
+                     1.13x (host 1.2 / 2.3 ms, busy 88% / 93%)" ("-" where not measured).
 
   python benchmarks/train_step.py                         # batch 1,4 x tf32,bf16 x 10 impls, 480 s budget
   python benchmarks/train_step.py --model vit-h --batch 1 # SAM-HQ's ViT-H encoder
+  python benchmarks/train_step.py --img 512 --batch 8     # 512x512 images: a 32x32 grid, 9 windows per image
   python benchmarks/train_step.py --modes reduce-overhead # CUDA-graph builds (and the eager baselines) only
   python benchmarks/train_step.py --out /tmp/t.jsonl --resume /tmp/t.jsonl   # continue a cut run: the rest only
   python benchmarks/train_step.py --gpus 2                # cells split over 2 GPUs of this host, timed at once
@@ -101,6 +103,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import common  # noqa: E402
+import image_size  # noqa: E402
 import impls  # noqa: E402
 import plot  # noqa: E402
 
@@ -144,13 +147,12 @@ def attention_regex() -> re.Pattern:
     return re.compile("|".join([ATTN_PATTERN] + ["^" + re.escape(n) for n in names]), re.IGNORECASE)
 
 
-def build_model(attn: str, quick: bool, device: torch.device, size: str = "vit-b"):
-    """SamHQVisionModel of `size` (samhq_fx.models.VIT_SIZES), or the tiny QUICK_CONFIG one (quick)."""
+def build_model(attn: str, quick: bool, device: torch.device, size: str = "vit-b", img: int = 1024):
+    """SamHQVisionModel of `size` (samhq_fx.models.VIT_SIZES) at image size `img`, or the tiny QUICK_CONFIG one
+    (quick)."""
     from transformers import SamHQVisionConfig, SamHQVisionModel
 
-    from samhq_fx.models import vision_config
-
-    cfg = SamHQVisionConfig(**QUICK_CONFIG) if quick else vision_config(size, attn)
+    cfg = SamHQVisionConfig(**QUICK_CONFIG) if quick else image_size.vision_config(size, attn, img)
     cfg.initializer_range = 0.02
     torch.manual_seed(0)
     model = SamHQVisionModel._from_config(cfg, attn_implementation=attn)
@@ -184,7 +186,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re, keep: dic
     from samhq_fx.debug import cudagraph_skips
 
     impl = IMPLS[name]
-    row = {"model": args.model, "impl": name, "attn_implementation": impl.attn, "compiler": impl.backend or "none",
+    row = {"model": args.model, "img": args.img, "impl": name, "attn_implementation": impl.attn, "compiler": impl.backend or "none",
            "mode": impl.mode or "default", "compiled_autograd": impl.compiled_autograd, "optimizer": args.optimizer,
            "recipe": impls.recipe(impl, "model" if not impl.compiled_autograd else "forward_backward")
            + f"; optimizer {args.optimizer}", "batch": batch, "dtype": dtype,
@@ -204,7 +206,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re, keep: dic
         try:
             stack.enter_context(impls.compiled_autograd(impl))
             skips = stack.enter_context(cudagraph_skips())
-            model, cfg = build_model(impl.attn, args.quick, device, args.model)
+            model, cfg = build_model(impl.attn, args.quick, device, args.model, args.img)
             kw = impls.compile_kwargs(impl)
             x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=torch.Generator().manual_seed(batch))
             x = x.to(device)
@@ -333,7 +335,7 @@ def check_losses(rows: list[dict]) -> None:
                 r["status"], r["detail"] = "FAIL", f"{key} {r[key]:.6g} vs {ref['impl']} {ref[key]:.6g}"
 
 
-GROUP = ("model", "dtype", "batch")  # what a summary line and the loss check compare within
+GROUP = ("model", "img", "dtype", "batch")  # what a summary line and the loss check compare within
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -349,15 +351,15 @@ def summarize_by_mode(rows: list[dict]) -> list[dict]:
 
 def print_report(rows: list[dict]) -> None:
     order = list(IMPLS)
-    rows = sorted(rows, key=lambda r: (r["model"], DTYPES.index(r["dtype"]), r["batch"],
+    rows = sorted(rows, key=lambda r: (r["model"], r["img"], DTYPES.index(r["dtype"]), r["batch"],
                                        order.index(r["impl"]) if r["impl"] in order else len(order)))
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     print()
     common.print_table(
-        ["model", "dtype", "batch", "impl", "ms/step", "host_ms", "gpu_ms", "gpu_busy", "peak_MiB", "attn_share",
+        ["model", "img", "dtype", "batch", "impl", "ms/step", "host_ms", "gpu_ms", "gpu_busy", "peak_MiB", "attn_share",
          "compile_s", "loss_rel",
          "grad_rel", "fused", "cg_skips", "breaks", "status", "detail"],
-        [[r["model"], r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"),
+        [[r["model"], r["img"], r["dtype"], r["batch"], r["impl"], common.fmt(r.get("ms_per_step"), ".2f"),
           common.fmt(r.get("host_ms"), ".2f"), common.fmt(r.get("gpu_ms"), ".2f"), pct(r.get("gpu_busy")),
           common.fmt(r.get("peak_mib")), pct(r.get("attn_share")), common.fmt(r.get("compile_s")),
           common.fmt(r.get("loss_rel_diff"), ".1e"), common.fmt(r.get("grad_rel_diff"), ".1e"),
@@ -368,8 +370,8 @@ def print_report(rows: list[dict]) -> None:
     if any("best_samhq" in s for s in summary):
         print("\nbest per family in this run (ms/step; samhq's speedup over the fastest Inductor / eager row):")
         common.print_table(
-            ["model", "dtype", "batch", "samhq", "ms", "inductor", "ms", "eager", "ms", "vs_inductor", "vs_eager"],
-            [[s["model"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_ms_per_step"), ".2f"),
+            ["model", "img", "dtype", "batch", "samhq", "ms", "inductor", "ms", "eager", "ms", "vs_inductor", "vs_eager"],
+            [[s["model"], s["img"], s["dtype"], s["batch"], s.get("best_samhq", "-"), common.fmt(s.get("best_samhq_ms_per_step"), ".2f"),
               s.get("best_inductor", "-"), common.fmt(s.get("best_inductor_ms_per_step"), ".2f"),
               s.get("best_eager", "-"), common.fmt(s.get("best_eager_ms_per_step"), ".2f"),
               common.fmt(s.get("samhq_speedup_vs_inductor"), ".2f"), common.fmt(s.get("samhq_speedup_vs_eager"), ".2f")]
@@ -384,6 +386,8 @@ def parse_args(argv=None):
                     f"(default: {','.join(DEFAULT_IMPLS)}; 'all' = every one)")
     ap.add_argument("--model", default="vit-b", choices=MODELS,
                     help="SAM-HQ image encoder size (samhq_fx.models.VIT_SIZES; default vit-b); --quick: the tiny one")
+    ap.add_argument("--img", type=int, default=None, choices=image_size.IMAGE_SIZES,
+                    help="image size the model is built for and fed at (default 1024; not with --quick)")
     ap.add_argument("--modes", default=None,
                     help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
                          "(the uncompiled eager baselines stay); default both")
@@ -405,6 +409,9 @@ def parse_args(argv=None):
     if parsed:
         cells, (args.dtype, args.batch, args.impls) = parsed
         args.cells = {(impl, int(b), d) for d, b, impl in cells}
+    if args.quick and args.img is not None:
+        ap.error("--img: --quick builds the tiny model, at its own image size")
+    args.img = QUICK_CONFIG["image_size"] if args.quick else args.img or 1024
     if args.quick:
         args.steps, args.warmup, args.batch, args.dtype, args.model = 1, 1, "1", "tf32", "tiny"
         args.impls = args.impls or ",".join(QUICK_IMPLS)
@@ -426,7 +433,7 @@ def main(argv=None) -> dict:
                                                       for b in args.batch})
     t0 = budget.t0
     common.log(f"train_step on {env['device']}: torch {env['torch']}, transformers {env['transformers']}; "
-               f"model {args.model}; impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
+               f"model {args.model} at {args.img}px; impls {','.join(args.impls)}; batch {args.batch}; {','.join(args.dtype)}; "
                f"samhq backend registered: {common.samhq_available()}", t0)
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
@@ -435,7 +442,7 @@ def main(argv=None) -> dict:
     # model's are done
     rows = [r for r in plot.normalize_rows(common.load_rows(args.resume))
             if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer]
-    done = {(r["impl"], r["batch"], r["dtype"]): r for r in rows if r["model"] == args.model}
+    done = {(r["impl"], r["batch"], r["dtype"]): r for r in rows if (r["model"], r["img"]) == (args.model, args.img)}
     resumed = len(rows)
     skipped: list[dict] = []
     path = common.results_path(HARNESS, args.out, default=not args.quick)
@@ -449,7 +456,8 @@ def main(argv=None) -> dict:
         todo = [(i, b, d) for d in args.dtype for b in args.batch for i in args.impls
                 if (i, b, d) not in done and (not args.cells or (i, b, d) in args.cells)]
         child = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
-                 "--no-chart", "--device", "cuda", "--optimizer", args.optimizer, "--model", args.model] + ([] if args.profile else ["--no-profile"])
+                 "--no-chart", "--device", "cuda", "--optimizer", args.optimizer, "--model", args.model,
+                 "--img", str(args.img)] + ([] if args.profile else ["--no-profile"])
         shares = common.shard([f"{d}/{b}/{i}" for i, b, d in todo], lambda c: prior_s(c.split("/")[2], int(c.split("/")[1]), args.model),
                               args.gpus)
         got = common.run_on_gpus(os.path.abspath(__file__), shares, child,
@@ -488,7 +496,7 @@ def main(argv=None) -> dict:
                     group_rows[(impl, batch, dtype)] = row
                     if not rotating(impl, args):
                         finish([row])
-                    common.log(f"{args.model} {dtype} B={batch} {impl:15s} {row['status']:5s} "
+                    common.log(f"{args.model} {args.img}px {dtype} B={batch} {impl:15s} {row['status']:5s} "
                                f"{common.fmt(row['ms_per_step'], '.2f'):>8s} ms/step  "
                                f"host {common.fmt(row['host_ms'], '.2f')} ms  "
                                f"busy {common.fmt(None if row['gpu_busy'] is None else 100 * row['gpu_busy'])}%  "
@@ -500,7 +508,7 @@ def main(argv=None) -> dict:
                 if len(keep) > 1:
                     rotate(group_rows, keep, args, device)
                     for key in (k for k in keep if "ms_per_step_by_round" in group_rows[k]):
-                        common.log(f"{args.model} {dtype} B={batch} {key[0]:15s} rotated "
+                        common.log(f"{args.model} {args.img}px {dtype} B={batch} {key[0]:15s} rotated "
                                    + " ".join(f"{x:.2f}" for x in group_rows[key]["ms_per_step_by_round"])
                                    + " ms/step", t0)
                 finish([r for (impl, _, _), r in group_rows.items() if rotating(impl, args)])
@@ -517,7 +525,7 @@ def main(argv=None) -> dict:
     print(f"\nremaining (skipped for the time budget): {len(skipped)}", flush=True)
     if skipped:
         out = path or "ROWS.jsonl"
-        print(f"resume with: python {os.path.relpath(__file__)} --resume {out} --out {out} --model {args.model} "
+        print(f"resume with: python {os.path.relpath(__file__)} --resume {out} --out {out} --model {args.model} --img {args.img} "
               f"--impls {','.join(args.impls)} "
               f"--batch {','.join(map(str, args.batch))} --dtype {','.join(args.dtype)} --optimizer {args.optimizer}", flush=True)
     common.log(f"appended {len(rows) - resumed} rows to {path}" if path else "--quick without --out: no rows written", t0)

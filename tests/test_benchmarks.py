@@ -259,7 +259,7 @@ def test_train_step_quick(tmp_path, capsys):
     assert impls["eager-eager"]["ms_per_step"] > 0
     assert all(r["optimizer"] == "adamw-fused" and r["graph_breaks"] == 0 for r in p["results"])  # a full step
     for r in p["results"]:  # the tiny model, and no profile on CPU: the host / GPU split is recorded as unknown
-        assert r["model"] == "tiny" and r["gpu_ms"] is None and r["host_ms"] is None
+        assert r["model"] == "tiny" and r["img"] == 32 and r["gpu_ms"] is None and r["host_ms"] is None
     if HAVE_SAMHQ:
         r = impls["samhq-eager"]
         assert r["status"] == "OK", r["detail"]
@@ -269,9 +269,9 @@ def test_train_step_quick(tmp_path, capsys):
         (s,) = p["summary"]
         assert s["best_samhq"] == "samhq-eager" and s["samhq_speedup_vs_eager"] > 0
         (m,) = p["summary_by_mode"]  # one cell, one mode; no Inductor row in the quick set
-        assert {k: m[k] for k in ("model", "dtype", "batch", "mode", "samhq", "inductor")} == dict(
-            model="tiny", dtype="tf32", batch=1, mode="default", samhq="samhq-eager", inductor=None)
-        assert m["line"].startswith("tiny tf32 b1 default: samhq-eager ")
+        assert {k: m[k] for k in ("model", "img", "dtype", "batch", "mode", "samhq", "inductor")} == dict(
+            model="tiny", img=32, dtype="tf32", batch=1, mode="default", samhq="samhq-eager", inductor=None)
+        assert m["line"].startswith("tiny 32px tf32 b1 default: samhq-eager ")
         assert capsys.readouterr().out.rstrip().endswith(m["line"])  # printed last
     else:
         assert impls["samhq-eager"]["status"] == "ERROR"
@@ -309,6 +309,87 @@ def test_model_sizes_and_modes_parse():
         assert mod.parse_args(["--modes", "default,reduce-overhead"]).impls == d.impls
         with pytest.raises(SystemExit):
             mod.parse_args(["--modes", "max-autotune"])
+
+
+def test_img_parses_for_the_full_size_models_only():
+    """--img (train_step, inference): the image size the model is built for, 1024 by default, 256 and 512 too; the
+    --quick model keeps its own size; any other size is refused by name."""
+    pytest.importorskip("transformers")
+    import inference
+    import train_step
+
+    for mod in (train_step, inference):
+        assert mod.parse_args([]).img == 1024 and mod.parse_args(["--img", "512"]).img == 512
+        for bad in (["--img", "300"], ["--quick", "--img", "256"]):
+            with pytest.raises(SystemExit):
+                mod.parse_args(bad)
+    assert train_step.parse_args(["--quick"]).img == train_step.QUICK_CONFIG["image_size"]
+    assert inference.parse_args(["--quick"]).img is None  # recorded from the small model's config
+
+
+def test_image_size_grid_classes():
+    """SAM's encoder at image size S: an S/16 grid for the global layers, 14x14 windows over that grid padded to a
+    multiple of 14 for the others; only 256, 512 and 1024 are taken."""
+    import image_size
+
+    assert image_size.grid_classes(1024) == [("global", 64, 1), ("window", 14, 25)]
+    assert image_size.grid_classes(512) == [("global", 32, 1), ("window", 14, 9)]  # 32 padded to 42: 3 x 3 windows
+    assert image_size.grid_classes(256) == [("global", 16, 1), ("window", 14, 4)]  # 16 padded to 28: 2 x 2
+    with pytest.raises(ValueError, match="--img must be one of 256, 512, 1024, got 300"):
+        image_size.check(300)
+
+
+@pytest.mark.slow
+def test_models_are_built_for_the_image_size(tmp_path):
+    """The ViT-B encoder at 256 (train_step's build and profile_host's) and the whole SamHQModel at 512
+    (inference's): positional embedding and rel-pos tables sized for the img/16 grid, the prompt encoder's image
+    embedding too, and an inference run at 256 feeds 256x256 images and records img 256 in its rows."""
+    pytest.importorskip("transformers")
+    import inference
+    import profile_host
+    import train_step
+    from transformers import SamHQModel
+
+    import image_size
+    from samhq_fx.models import random_init_
+
+    model, cfg = train_step.build_model("eager", False, torch.device("cpu"), "vit-b", 256)
+    enc = model.vision_encoder
+    assert cfg.image_size == 256 and tuple(enc.pos_embed.shape) == (1, 16, 16, 768)
+    assert [tuple(enc.layers[i].attn.rel_pos_h.shape) for i in (0, 2)] == [(27, 64), (31, 64)]  # window 14, global 16
+    enc = profile_host.build_encoder("vit-b", "eager", "tf32", "infer", torch.device("cpu"), 256)
+    assert profile_host.attention_shapes(enc, 2) == {"window": (2 * 4 * 12, 14, 64), "global": (2 * 12, 16, 64)}
+    full = random_init_(SamHQModel(image_size.sam_hq_config("sdpa", "vit-b", 512)))
+    assert full.config.prompt_encoder_config.image_embedding_size == 32
+    assert tuple(full.vision_encoder.pos_embed.shape) == (1, 32, 32, 768)
+    del model, enc, full
+    p = inference.main(["--img", "256", "--impls", "eager-eager", "--dtype", "tf32", "--batch", "1", "--iters", "1",
+                        "--warmup", "1", "--time-budget", "0", "--no-chart", "--out", str(tmp_path)])
+    (row,) = p["results"]
+    assert row["status"] == "OK" and (row["model"], row["img"]) == ("vit-b", 256), row["detail"]
+    assert common.load_rows(str(tmp_path / "inference.jsonl"))[0]["img"] == 256
+
+
+def test_sam_sizes_time_every_grid_class(monkeypatch):
+    """bench_attention_core --sam-sizes: each SAM size at the global and window layers of 1024, 512 and 256 (checked
+    with stand-ins for the GPU pieces: the shapes it makes, the rows it records)."""
+    import bench_attention_core as B
+
+    made = []
+
+    def fake_make(b, side, dtype, d=64):
+        made.append((b, side, d))
+        return (torch.zeros(b, side * side, d),) * 6
+
+    monkeypatch.setattr(B, "make", fake_make)
+    monkeypatch.setattr(B, "ours_fns", lambda *a: (None, None, None))
+    monkeypatch.setattr(B, "graph_bench", lambda fn: 1.0)
+    rows = B.sam_sizes({}, modes=("fp32-tf32",))
+    vit_b = [(r["img"], r["layer"], r["grid"], r["batch"]) for r in rows if r["model"] == "vit-b"]
+    assert vit_b == [(1024, "global", 64, 1), (1024, "window", 14, 25), (512, "global", 32, 1), (512, "window", 14, 9),
+                     (256, "global", 16, 1), (256, "window", 14, 4)]
+    assert made[:6] == [(12 * w, g, 64) for _, _, g, w in vit_b]  # heads x windows per image
+    assert len(rows) == 6 * len(B.SAM_SIZES)
 
 
 def test_train_step_cells_parse():
@@ -362,21 +443,23 @@ def test_inference_quick(tmp_path, capsys):
         assert r["images_per_s"] == pytest.approx(1e3 / r["latency_ms"], rel=1e-3)  # batch 1
         assert r["target"] == "encoder" and r["graph_breaks"] == 0
     assert rows["samhq-eager"]["fused"] == 2 and rows["samhq-eager"]["check_rel_diff"] < 1e-4
-    assert all(r["model"] == "tiny" and r["gpu_ms"] is None and r["host_ms"] is None for r in rows.values())
+    assert all(r["model"] == "tiny" and r["img"] == 64 and r["gpu_ms"] is None and r["host_ms"] is None
+               for r in rows.values())
     assert "backend='samhq'" in rows["samhq-eager"]["recipe"]
     (s,) = p["summary"]
     assert s["best_samhq"] == "samhq-eager" and s["best_eager"] == "eager-eager"
-    (m,) = p["summary_by_mode"]  # (model, target, dtype, batch, mode); no Inductor row in the quick set
-    assert {k: m[k] for k in ("model", "target", "dtype", "batch", "mode", "samhq", "inductor")} == dict(
-        model="tiny", target="encoder", dtype="tf32", batch=1, mode="default", samhq="samhq-eager", inductor=None)
+    (m,) = p["summary_by_mode"]  # (model, img, target, dtype, batch, mode); no Inductor row in the quick set
+    assert {k: m[k] for k in ("model", "img", "target", "dtype", "batch", "mode", "samhq", "inductor")} == dict(
+        model="tiny", img=64, target="encoder", dtype="tf32", batch=1, mode="default", samhq="samhq-eager",
+        inductor=None)
     assert capsys.readouterr().out.rstrip().endswith(m["line"])  # printed last
-    assert m["line"].startswith("tiny encoder tf32 b1 default: samhq-eager ")
+    assert m["line"].startswith("tiny 64px encoder tf32 b1 default: samhq-eager ")
     path = str(tmp_path / "inference.jsonl")
     assert [(r["impl"], r["status"]) for r in common.load_rows(path)] == [(r["impl"], r["status"]) for r in p["results"]]
     plot.main([path, path])  # the same rows twice: one per cell is kept
     out = capsys.readouterr().out
     assert "images_per_s" in out and "samhq-eager" in out
-    assert len(re.findall(r"^tiny \d+px encoder tf32 b1 default: samhq-eager ", out, re.M)) == 1
+    assert out.count(m["line"]) == 1
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@
 For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
 Inductor's static one, samhq.static_launch off; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor
 with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision
-encoder (ViT-B/L/H config, random weights), all compiled first, in one process:
+encoder (ViT-B/L/H config at --img: 1024, SAM's, the default, or 512 / 256, benchmarks/image_size.py; random
+weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
             builds' calls interleaved one by one; also the median of each round of --iters calls;
   GPU       torch.profiler (CUDA) over 3 calls: the sum of kernel / memcpy / memset durations per call, the
@@ -23,7 +24,7 @@ Triton launch, index_rows.
   python benchmarks/tools/profile_host.py --what decoder --batch 4 ...
                                             # that recipe's whole step (encoder, mask decoder, AdamW)
 Appends one row per build to benchmarks/results/profile_host.jsonl (or --out), each starting with common.row_meta
-(commit, date, GPU, versions), then the run's cell (model, what, dtype, batch), its builds and the build's figures
+(commit, date, GPU, versions), then the run's cell (model, what, dtype, batch, img), its builds and the build's figures
 (with --pieces, the samhq build's row also holds them); prints a table.
 """
 
@@ -44,6 +45,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import common  # noqa: E402
+import image_size  # noqa: E402
 
 HARNESS = "profile_host"  # its rows: benchmarks/results/profile_host.jsonl
 
@@ -72,20 +74,20 @@ BUILDS = {
 HELD = "-held"
 
 
-def build_encoder(model: str, attn: str, dtype: str, what: str, device):
+def build_encoder(model: str, attn: str, dtype: str, what: str, device, img: int = 1024):
     """Inference in bf16 casts the model (no master weights); training, and inference in "autocast", keep fp32 weights
     under bf16 autocast ("autocast" inference is the frozen encoder of finetune_samhq.py's decoder recipe). "decoder"
-    builds the whole SamHQModel, with only its mask decoder trainable (the recipe's step)."""
+    builds the whole SamHQModel, with only its mask decoder trainable (the recipe's step). All at image size img."""
     from transformers import SamHQModel, SamHQVisionModel
 
-    from samhq_fx.models import random_init_, sam_hq_config, vision_config
+    from samhq_fx.models import random_init_
 
     if what == "decoder":
-        core = random_init_(SamHQModel(sam_hq_config(attn, full=True, size=model)))
+        core = random_init_(SamHQModel(image_size.sam_hq_config(attn, model, img)))
         for name, p in core.named_parameters():
             p.requires_grad_(name.startswith("mask_decoder."))
         return core.to(device).train()
-    enc = random_init_(SamHQVisionModel(vision_config(model, attn))).requires_grad_(what == "train")
+    enc = random_init_(SamHQVisionModel(image_size.vision_config(model, attn, img))).requires_grad_(what == "train")
     return enc.to(device=device, dtype=torch.bfloat16 if dtype == "bf16" and what == "infer" else torch.float32)
 
 
@@ -303,6 +305,8 @@ def main():
                     help="inference: bf16 weights and input, fp32 at TF32, or fp32 weights under bf16 autocast; "
                          "training: bf16 autocast (bf16, autocast) or TF32")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--img", type=int, default=1024, choices=image_size.IMAGE_SIZES,
+                    help="image size the model is built for and fed at (default 1024)")
     ap.add_argument("--what", default="infer", choices=("infer", "train", "decoder"),
                     help="encoder inference; encoder forward + backward; the decoder recipe's whole step")
     ap.add_argument("--builds", default=",".join(BUILDS),
@@ -324,7 +328,7 @@ def main():
     path = common.results_path(HARNESS, args.out)
     names = args.builds.split(",")
     run = {**common.row_meta(common.env_info(), device), "model": args.model, "what": args.what, "dtype": args.dtype,
-           "batch": args.batch, "iters": args.iters, "rounds": args.rounds, "builds": names}
+           "batch": args.batch, "img": args.img, "iters": args.iters, "rounds": args.rounds, "builds": names}
     result = {"builds": {}}
     # Compile every build first, then time them in rotation: in one process the first build timed ran slower on
     # the host in every piece (addmm, launches, guards ~1.5x; H200, 2026-12-02), so timing builds one after the
@@ -334,7 +338,7 @@ def main():
         held = name.endswith(HELD)
         attn, backend, options = BUILDS[name.removesuffix(HELD)]
         counters.clear()
-        enc = build_encoder(args.model, attn, args.dtype, args.what, device)
+        enc = build_encoder(args.model, attn, args.dtype, args.what, device, args.img)
         cast = samhq_fx.cast_frozen_weights_(enc) if held else None  # before the compile: it guards on dtypes
         kw = {"backend": backend}
         if options:
