@@ -10,6 +10,9 @@ entry (fullgraph, one graph) is exercised by time_entry.py's CPU smoke test (tes
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -262,3 +265,82 @@ def test_every_workload_compiles_past_the_recompile_limit():
             assert ok, why
     assert counters["stats"]["unique_graphs"] == 2  # compiled once per shape, the repeat hit its graph
     torch._dynamo.reset()
+
+
+# Run from the written solution's own sources (a fresh process, its folder first on sys.path as SOL-ExecBench's
+# evaluator puts it): which files it imported, the 7 gradients checked against float64, and a second call.
+_RUN_SOLUTION = """
+import importlib, importlib.util, inspect, json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+run = getattr(importlib.import_module(sys.argv[2]), sys.argv[3])
+spec = importlib.util.spec_from_file_location("definition_076", sys.argv[4])
+definition = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(definition)
+# bf16 values held in fp32: the interpreter's fp32 -> bf16 cast truncates, the GPU's rounds (as in the tests above)
+args = [t.detach().bfloat16().float() for t in definition.make_inputs(4, 6, 2, generator=torch.Generator().manual_seed(9))]
+ref = definition.float64_gradients(*args)
+got = [g.clone() for g in run(*args, definition.SCALE)]
+again = run(*args, definition.SCALE)
+print(json.dumps({
+    "files": {m: sys.modules[m].__file__ for m in ("samhq_fx", "samhq_fx.op", "samhq_fx.kernels.rel_pos_attention",
+                                                   "entry", "entry_stage", "rel_pos_tables")},
+    "params": list(inspect.signature(run).parameters),
+    "check": definition.check(got, ref, definition.WORKLOADS[(7, 7, 1)]),
+    "types": [type(g).__name__ for g in got], "dtypes": [str(g.dtype) for g in got],
+    "shapes_match": [tuple(g.shape) == tuple(a.shape) for g, a in zip(got, args[1:])],
+    "same_again": all(torch.equal(a, b) for a, b in zip(got, again)),
+    "input_names": ["grad_output", *definition.INPUT_NAMES, "scale"]}))
+"""
+
+
+def test_written_solution_has_the_format_and_runs_from_its_own_sources(tmp_path):
+    """write_solution.py: a solution.json in SOL-ExecBench's format (docs/solution.md: name, definition, author,
+    spec with a Python language, target hardware and "file.py::function" entry point, relative unique source paths
+    holding the entry's file), carrying the repo's own files; written out to a folder, its sources alone import
+    (samhq_fx included), and run() gives the 7 gradients within the benchmark's rule (4x6x2, CPU: Triton
+    interpreted, the fused op's reference), plain fp32 tensors of the inputs' shapes, the same on a second call."""
+    import write_solution
+
+    out = tmp_path / "made" / "solution.json"
+    write_solution.main([str(out)])
+    sol = json.loads(out.read_text())
+    for key in ("name", "definition", "author"):
+        assert isinstance(sol[key], str) and sol[key], key
+    spec = sol["spec"]
+    assert set(spec["languages"]) <= {"pytorch", "triton", "cute_dsl", "cutile", "cudnn_frontend"} and spec["languages"]
+    assert spec["target_hardware"] == ["LOCAL"] and spec["destination_passing_style"] is False
+    assert spec["entry_point"].count("::") == 1
+    entry_file, function = spec["entry_point"].split("::")
+    paths = [src["path"] for src in sol["sources"]]
+    assert entry_file.endswith(".py") and entry_file in paths and len(set(paths)) == len(paths)
+    for src in sol["sources"]:
+        assert src["content"] and not os.path.isabs(src["path"]) and ".." not in Path(src["path"]).parts
+    repo = Path(__file__).resolve().parents[1]
+    assert {"entry.py", "entry_stage.py", "graph_kernel_args.py", "rel_pos_ops.py", "rel_pos_tables.py",
+            "samhq_fx/__init__.py", "samhq_fx/op.py", "samhq_fx/reference.py", "samhq_fx/kernels/__init__.py",
+            "samhq_fx/kernels/rel_pos_attention.py", "samhq_fx/kernels/configs.py"} <= set(paths)
+    origin = {"samhq_fx/kernels/": repo / "kernels", "samhq_fx/": repo / "samhq_fx", "": repo / "benchmarks" / "sol076"}
+    for src in sol["sources"]:  # each the repo's file as it is
+        prefix = next(p for p in origin if src["path"].startswith(p))
+        assert (origin[prefix] / src["path"][len(prefix):]).read_text() == src["content"], src["path"]
+
+    folder = tmp_path / "staged"
+    for src in sol["sources"]:
+        (folder / src["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (folder / src["path"]).write_text(src["content"])
+    (tmp_path / "run_solution.py").write_text(_RUN_SOLUTION)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "run_solution.py"), str(folder), entry_file[:-3], function,
+                           str(repo / "benchmarks" / "sol076" / "definition.py")],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all(f.startswith(str(folder)) for f in got["files"].values()), got["files"]
+    assert got["params"] == got["input_names"]  # SOL-ExecBench passes the definition's inputs in order
+    assert got["check"] == [True, "ok"]
+    assert got["types"] == ["Tensor"] * 7 and got["dtypes"] == ["torch.float32"] * 7 and all(got["shapes_match"])
+    assert got["same_again"]
+    with pytest.raises(SystemExit):
+        write_solution.main([str(out), "--target-hardware", "H200"])
+
