@@ -348,10 +348,10 @@ def row_meta(env: dict, device: torch.device) -> dict:
 
 
 def results_path(harness: str, out: str | None, default: bool = True) -> str | None:
-    """Where a harness appends its rows: --out (a .jsonl file, or an existing directory: <dir>/<harness>.jsonl), else
+    """Where a harness appends its rows: --out (a .jsonl file, else a directory: <dir>/<harness>.jsonl), else
     benchmarks/results/<harness>.jsonl; None when there is no --out and `default` is off (a --quick run)."""
     if out:
-        return os.path.join(out, harness + ".jsonl") if os.path.isdir(out) else out
+        return out if out.endswith(".jsonl") else os.path.join(out, harness + ".jsonl")
     return os.path.join(RESULTS_DIR, harness + ".jsonl") if default else None
 
 

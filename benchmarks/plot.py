@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import sys
 
 PRECISION_ORDER = ("highest", "high", "medium")  # fp32 matmul precisions, most exact first
 

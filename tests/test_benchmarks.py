@@ -9,7 +9,6 @@ calls). The SOL-ExecBench 076 runners' tests are tests/test_sol076.py and tests/
 from __future__ import annotations
 
 import copy
-import json
 import re
 import sys
 from pathlib import Path
@@ -205,6 +204,7 @@ def test_rows_carry_the_run_metadata_and_append(tmp_path):
     assert common.row_meta({**env, "device": "NVIDIA H200"}, torch.device("cuda"))["gpu"] == "NVIDIA H200"
     assert common.results_path("sol076", str(tmp_path)) == str(tmp_path / "sol076.jsonl")
     assert common.results_path("sol076", str(tmp_path / "r.jsonl")) == str(tmp_path / "r.jsonl")
+    assert common.results_path("sol076", str(tmp_path / "new")) == str(tmp_path / "new" / "sol076.jsonl")
     assert common.results_path("sol076", None) == str(Path(common.RESULTS_DIR) / "sol076.jsonl")
     assert common.results_path("sol076", None, default=False) is None
     path = str(tmp_path / "sub" / "r.jsonl")
