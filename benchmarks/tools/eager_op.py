@@ -2,6 +2,8 @@
 
     python benchmarks/tools/eager_op.py [--iters 200] [--dtype bf16] [--profile OUT.txt] [--json OUT.json]
 
+Results: benchmarks/results/eager_op.jsonl.
+
 Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 windows x 12 heads, 14x14), head dim 64,
 batch 1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the
 host's issue rate and the GPU's work overlap as in a training loop). GPU time: the sum of the kernels' durations per
