@@ -2,9 +2,8 @@
 
 SAM's ViT at image size S has an S/16 x S/16 patch grid: its windowed layers pad the grid to a multiple of the
 window (14) and attend within 14x14 windows, its global layers attend over the whole grid, and its positional
-embedding and the global layers' rel-pos tables are sized for that grid. samhq_fx.models builds the configs at
-1024; these set the image size of the vision config (and of the prompt encoder, which sizes the image embedding)
-before the model is built from them.
+embedding and the global layers' rel-pos tables are sized for that grid (samhq_fx.models builds the configs at any
+size; this holds the sizes the harnesses take).
 
     img   grid    global keys   windows per image (grid padded to)
     1024  64x64   4096          25 (70x70)
@@ -36,16 +35,11 @@ def check(img: int) -> int:
 
 
 def vision_config(size: str, attn_implementation: str, img: int):
-    """samhq_fx.models.vision_config(size, attn_implementation) at image size `img`."""
-    cfg = models.vision_config(size, attn_implementation)
-    cfg.image_size = check(img)
-    return cfg
+    """samhq_fx.models.vision_config at image size `img` (one of IMAGE_SIZES)."""
+    return models.vision_config(size, attn_implementation, image_size=check(img))
 
 
 def sam_hq_config(attn_implementation: str, size: str, img: int):
     """samhq_fx.models.sam_hq_config(attn_implementation, full=True, size=size) at image size `img`: the vision
     encoder's input and the prompt encoder's image (and with it its image embedding, img / 16 on a side)."""
-    cfg = models.sam_hq_config(attn_implementation, full=True, size=size)
-    cfg.vision_config.image_size = cfg.prompt_encoder_config.image_size = check(img)
-    cfg.prompt_encoder_config.image_embedding_size = img // cfg.prompt_encoder_config.patch_size
-    return cfg
+    return models.sam_hq_config(attn_implementation, full=True, size=size, image_size=check(img))
