@@ -58,7 +58,7 @@ def test_no_row_is_shadowed():
 
 
 def test_dead_row_check_finds_shadowed_and_unreachable_rows():
-    why = "synthetic (0000000, 2026-12-01)"
+    why = "synthetic: 1 figure"
     table = [
         ("fwd", dict(fp32=False), dict(BLOCK_M=64, num_warps=4), why),  # alive: num_warps survives
         ("fwd", dict(fp32=False, max_wk=16), dict(BLOCK_M=32), why),  # dead: always replaced by the next row
@@ -86,14 +86,16 @@ def test_every_shape_class_gets_whole_blocks():
 
 
 @pytest.mark.parametrize("row,error", [
-    (("fwd", dict(max_wkk=16), dict(BLOCK_N=32), "x (0000000, 2026-12-01)"), "unknown condition key 'max_wkk'"),
-    (("fwd", dict(fp32=1), dict(BLOCK_N=32), "x (0000000, 2026-12-01)"), "condition fp32=1 is not a bool"),
-    (("fwd", dict(prec="high"), dict(BLOCK_N=32), "x (0000000, 2026-12-01)"), "unknown prec 'high'"),
-    (("dq", dict(), dict(BIAS_T=True), "x (0000000, 2026-12-01)"), "config keys ['BIAS_T'] are not 'dq' keys"),
-    (("bwd", dict(), dict(BLOCK_M=16), "x (0000000, 2026-12-01)"), "config keys ['BLOCK_M'] are not 'bwd' keys"),
-    (("delta", dict(), dict(BLOCK_M=16), "x (0000000, 2026-12-01)"), "unknown kernel 'delta'"),
-    (("fwd", dict(), dict(), "x (0000000, 2026-12-01)"), "sets no config key"),
-    (("fwd", dict(), dict(BLOCK_N=32), "x (measured earlier)"), "does not end with its commit and date"),
+    (("fwd", dict(max_wkk=16), dict(BLOCK_N=32), "x: 1 figure"), "unknown condition key 'max_wkk'"),
+    (("fwd", dict(fp32=1), dict(BLOCK_N=32), "x: 1 figure"), "condition fp32=1 is not a bool"),
+    (("fwd", dict(prec="high"), dict(BLOCK_N=32), "x: 1 figure"), "unknown prec 'high'"),
+    (("dq", dict(), dict(BIAS_T=True), "x: 1 figure"), "config keys ['BIAS_T'] are not 'dq' keys"),
+    (("bwd", dict(), dict(BLOCK_M=16), "x: 1 figure"), "config keys ['BLOCK_M'] are not 'bwd' keys"),
+    (("delta", dict(), dict(BLOCK_M=16), "x: 1 figure"), "unknown kernel 'delta'"),
+    (("fwd", dict(), dict(), "x: 1 figure"), "sets no config key"),
+    (("fwd", dict(), dict(BLOCK_N=32), "measured earlier"), "one line of at most 110 characters with its figure"),
+    (("fwd", dict(), dict(BLOCK_N=32), "1.2x\nfaster"), "one line of at most 110 characters with its figure"),
+    (("fwd", dict(), dict(BLOCK_N=32), "1.2x faster " + "x" * 110), "one line of at most 110"),
 ])
 def test_check_table_names_the_bad_row(row, error):
     good = configs.TABLE[0]
@@ -103,3 +105,10 @@ def test_check_table_names_the_bad_row(row, error):
 
 def test_table_passes_its_own_check():
     configs.check_table(configs.TABLE)  # also run at import
+
+
+def test_reasons_carry_no_commit_or_date():
+    # where a row came from is git's history; the reason says what the row buys, with its figure
+    for kernel, cond, cfg, why in configs.TABLE:
+        assert not re.search(r"\b[0-9a-f]{7,40}\b", why), why
+        assert not re.search(r"\d{4}-\d{2}-\d{2}", why), why
