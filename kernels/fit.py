@@ -51,6 +51,7 @@ class Launch:
     signature: tuple  # ((name, type), ...) of the runtime arguments
     constexprs: tuple  # ((name, value), ...)
     options: tuple  # ((num_warps, n), (num_stages, n))
+    aligned: tuple = ()  # names of the arguments divisible by 16 (pointers, and ints that are multiples of 16)
     fn: object = field(default=None, compare=False, hash=False, repr=False)  # the @triton.jit function
 
 
@@ -120,21 +121,24 @@ _verdicts: dict[tuple, str | None] = {}
 
 def _record(kernel, grid, *args, **kwargs):
     names = [p.name for p in kernel.params]
-    sig, consts = [], []
+    sig, consts, aligned = [], [], []
     for name, val in zip(names, args):
         if isinstance(val, torch.Tensor):
             sig.append((name, _PTR[val.dtype]))
+            aligned.append(name)  # fresh allocations and the host's copies start 16-byte aligned
         elif isinstance(val, float):
             sig.append((name, "fp64"))  # what Inductor's user-kernel codegen declares for Python floats
         elif val == 1:
             consts.append((name, 1))
         else:
             sig.append((name, "i32"))
+            if val % 16 == 0:
+                aligned.append(name)  # as Triton's launcher and Inductor specialize them: tt.divisibility 16
     options = tuple((k, kwargs[k]) for k in ("num_warps", "num_stages") if k in kwargs)
     consts += [(n, kwargs[n]) for n in names[len(args):] if n in kwargs]
     part = dict(consts).get("PART")
     label = kernel.__name__.strip("_").removesuffix("_kernel") + (f":{part}" if part else "")
-    _recorded.append(Launch(label, tuple(sig), tuple(consts), options, kernel))
+    _recorded.append(Launch(label, tuple(sig), tuple(consts), options, tuple(aligned), kernel))
 
 
 _recorded: list[Launch] = []
@@ -198,7 +202,8 @@ def build(launch: Launch, target: arch.Arch) -> Built:
     consts = dict(launch.constexprs)
     sig.update({n: "constexpr" for n in consts})
     src = ASTSource(fn=fn, signature={n: sig[n] for n in names if n in sig},
-                    constexprs={(names.index(n),): v for n, v in consts.items()})
+                    constexprs={(names.index(n),): v for n, v in consts.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in launch.aligned})
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", target.capability, 32), options=dict(launch.options))
         md = compiled.metadata
