@@ -1,0 +1,156 @@
+"""What each GPU class's config rows cost against Hopper's, timed on the GPU at hand (kernels/configs.py, arch.py).
+
+For each architecture class (SAMHQ_FX_ARCH emulates its configs on the real device) and SAM shape (ViT-B global and
+windows at batch 1, ViT-H global and windows at batch 1), forward + backward of the fused kernels in bf16, TF32
+("high") and 3-pass TF32 ("highest"), next to the sm_90 rows on the same GPU: a short table (arch, shape, mode, ms,
+ratio to sm_90) and a row each appended to benchmarks/results/arch_rows.jsonl. A class whose launches are sm_90's is
+not timed again (marked "same", with that class's time), nor one whose launches an earlier class has; a launch that does not fit the real GPU (shared memory,
+tensor memory; kernels/fit.py compiles it first) is never run (marked "skip"). Times are the configs' cost on this
+GPU, not on the class's own: an sm_86 row timed on an H200 says what its smaller tiles cost on the H200.
+
+    python benchmarks/tools/time_arch_rows.py             # all classes, shapes, modes (under 4 minutes on an H200)
+    python benchmarks/tools/time_arch_rows.py --dry-run   # no GPU needed: what it would time, and what it would skip
+    python benchmarks/tools/time_arch_rows.py --arch sm_86 sm_120 --mode bf16
+
+Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median, L2 flushed before each replay
+(bench_attention_core.graph_bench); inputs as bench_attention_core.make builds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: bench_attention_core, common
+try:
+    from samhq_fx.kernels import arch, fit
+except ImportError:  # run from the repo root without the package installed
+    sys.path.insert(0, os.path.join(HERE, "..", ".."))
+    from kernels import arch, fit
+
+# name -> (batch * heads, key-grid side, head dim): SAM at batch 1, 1024 px
+SHAPES = {"B-global": (12, 64, 64), "B-windows": (25 * 12, 14, 64), "H-global": (16, 64, 80),
+          "H-windows": (25 * 16, 14, 80)}
+MODES = {"bf16": (torch.bfloat16, "highest"), "tf32": (torch.float32, "high"), "tf32x3": (torch.float32, "highest")}
+RESULTS = os.path.join(HERE, "..", "results", "arch_rows.jsonl")
+BUDGET_S = 220.0  # stop starting new cells past this: the whole run stays under 4 minutes
+
+
+def shape_of(name: str) -> fit.Shape:
+    b, side, d = SHAPES[name]
+    return fit.Shape(b, side * side, side, side, d, d)
+
+
+def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch | None) -> list[dict]:
+    """A cell per (arch, shape, mode): 'time', 'same' (sm_90's launches: not timed again) or 'skip' (a launch does
+    not fit `real`, the GPU at hand; None: not checked)."""
+    cells = []
+    hopper = arch.ARCHS["sm_90"]
+    for shape in shapes:
+        for mode in modes:
+            dtype, prec = MODES[mode]
+            seen: dict[tuple, str] = {}  # launches -> the first class that has them
+            for name in ["sm_90"] + [a for a in archs if a != "sm_90"]:
+                launches = tuple(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape)))
+                cell = dict(arch=name, shape=shape, mode=mode, action="time", why="", same_as=None,
+                            configs=[f"{launch.kernel} {dict(launch.options)} "
+                                     f"{ {k: v for k, v in launch.constexprs if k.startswith(('BLOCK', 'R_'))} }"
+                                     for launch in launches])
+                if launches in seen:
+                    cell.update(action="same", same_as=seen[launches], why=f"{seen[launches]}'s launches")
+                    if name not in archs:
+                        continue
+                    cells.append(cell)
+                    continue
+                seen[launches] = name
+                if real is not None:
+                    why = next((b.misfit for b in fit.build_all([(launch, real) for launch in launches])
+                                if b.misfit), None)
+                    if why:
+                        cell.update(action="skip", why=f"does not fit {real.name}: {why}")
+                cells.append(cell)
+    return cells  # per (shape, mode) sm_90 first (the ratio's base), then each class after the class it copies
+
+
+def time_cell(cell: dict) -> float:
+    """ms of one forward + backward with `cell`'s class configs on the GPU at hand."""
+    from bench_attention_core import graph_bench, make, ours_fns
+
+    try:
+        from samhq_fx.kernels import rel_pos_attention as K
+    except ImportError:
+        from kernels import rel_pos_attention as K
+    b, side, d = SHAPES[cell["shape"]]
+    dtype, prec = MODES[cell["mode"]]
+    torch.set_float32_matmul_precision(prec)
+    os.environ["SAMHQ_FX_ARCH"] = cell["arch"]  # read at every call; captured into the graph with its configs
+    try:
+        q, k, v, rh, rw, do = make(b, side, dtype, d=d)
+        _, _, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5, kernels=K)
+        return graph_bench(both)
+    finally:
+        os.environ.pop("SAMHQ_FX_ARCH", None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", nargs="+", default=list(arch.ARCHS), choices=list(arch.ARCHS))
+    p.add_argument("--shape", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--mode", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--dry-run", action="store_true", help="list the cells (and, on a GPU, what does not fit); time none")
+    p.add_argument("--out", default=RESULTS, help="JSON lines to append to")
+    args = p.parse_args(argv)
+    t0 = time.time()
+    if os.environ.get("SAMHQ_FX_ARCH"):
+        p.error("unset SAMHQ_FX_ARCH: this script sets it per cell")
+    gpu = torch.cuda.is_available()
+    if not gpu and not args.dry_run:
+        p.error("needs a CUDA GPU (or --dry-run)")
+    real = arch.of(torch.device("cuda")) if gpu else None
+    archs = ["sm_90"] + [a for a in args.arch if a != "sm_90"]  # the baseline of every ratio
+    cells = plan(archs, args.shape, args.mode, real)
+    base: dict[tuple, float] = {}
+    timed: dict[tuple, float] = {}  # (arch, shape, mode) -> ms
+    header = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  device=torch.cuda.get_device_name() if gpu else "cpu", torch=torch.__version__,
+                  triton=__import__("triton").__version__)
+    print(f"{'arch':7s} {'shape':10s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}  note")
+    rows = []
+    for cell in cells:
+        key = (cell["shape"], cell["mode"])
+        ms = None
+        if cell["action"] == "time" and not args.dry_run:
+            if time.time() - t0 > BUDGET_S:
+                cell.update(action="skip", why=f"time budget ({BUDGET_S:.0f} s) spent")
+            else:
+                ms = time_cell(cell)
+        if cell["action"] == "same":
+            ms = timed.get((cell["same_as"], *key))
+        if ms is not None:
+            timed[(cell["arch"], *key)] = ms
+        if cell["arch"] == "sm_90" and ms is not None:
+            base[key] = ms
+        ratio = ms / base[key] if ms is not None and base.get(key) else None
+        note = cell["why"] or ("would time: " + "; ".join(cell["configs"]) if args.dry_run else "")
+        print(f"{cell['arch']:7s} {cell['shape']:10s} {cell['mode']:7s} "
+              f"{'-' if ms is None else f'{ms:.3f}':>8s} {'-' if ratio is None else f'{ratio:.2f}':>8s}  "
+              f"{cell['action']}{': ' + note if note else ''}", flush=True)
+        rows.append({**header, **cell, "ms": ms, "ratio_to_sm90": ratio})
+    if not args.dry_run:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        print(f"{len(rows)} rows appended to {args.out} in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

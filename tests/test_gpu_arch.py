@@ -1,0 +1,61 @@
+"""Every GPU class's config rows, run on the GPU at hand at SAM's shapes against float64 (kernels/configs.py).
+
+SAMHQ_FX_ARCH makes the kernels take another architecture class's configs (kernels/arch.py) while they run on the
+real device: each class's blocks, stages and launch choices are then checked for right answers at SAM's shapes
+(ViT-B / ViT-L at head dim 64, ViT-H at 80; 14x14 windows and a 64x64 global layer), in bf16, TF32 and 3-pass TF32,
+every output (out, lse, dq, dk, dv, d_rel_h, d_rel_w) written and within the mode's bound. A class whose launches
+do not fit the real GPU (kernels/fit.py: shared memory, tensor memory) is not run there; the test says so.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_kernels import K, MODES, make_inputs, run_and_check
+
+try:
+    from samhq_fx.kernels import arch, fit
+except ImportError:
+    from kernels import arch, fit
+
+pytestmark = pytest.mark.gpu
+
+# (batch * heads run, key-grid side, head dim): ViT-B windows at a 512 px image (9 x 12) and at 1024 px (25 x 12: the
+# split backward of many rows), ViT-H windows (25 x 16), ViT-B and ViT-H global layers at batch 1, ViT-B's at 256 px
+# (one fused fp32 launch)
+SAM = [(108, 14, 64), (300, 14, 64), (400, 14, 80), (12, 64, 64), (16, 64, 80), (12, 16, 64)]
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(K, "_POISON_OUTPUTS", True)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp32-high", "fp32-highest"])
+@pytest.mark.parametrize("b,grid,d", SAM)
+@pytest.mark.parametrize("name", [a for a in arch.ARCHS if a != "sm_90"])  # sm_90's: tests/test_kernels.py
+def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
+    dtype, prec, tol = MODES[mode]
+    real = arch.of(torch.device("cuda"))
+    before = torch.get_float32_matmul_precision()
+    shape = fit.Shape(b, grid * grid, grid, grid, d, d)
+    fp32_prec = "highest" if dtype != torch.float32 else prec
+    launches = fit.launches(arch.ARCHS[name], dtype, fp32_prec, shape)
+    why = next((bt.misfit for bt in fit.build_all([(launch, real) for launch in launches]) if bt.misfit), None)
+    if why:
+        pytest.skip(f"{name}'s launches do not fit this GPU ({real.name}): {why}")
+    monkeypatch.setenv("SAMHQ_FX_ARCH", name)
+    assert K._target(torch.device("cuda")) is arch.ARCHS[name]
+    torch.set_float32_matmul_precision(prec)
+    try:
+        ran = []
+        real_launch = K._launch
+        monkeypatch.setattr(K, "_launch", lambda kernel, grid_, *a, **kw: ran.append(kw) or real_launch(
+            kernel, grid_, *a, **kw))
+        run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d), tol)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    # what ran is the class's configs: the blocks and warps fit.py recorded for it
+    want = [(dict(launch.options)["num_warps"], dict(launch.options)["num_stages"]) for launch in launches]
+    assert [(kw["num_warps"], kw["num_stages"]) for kw in ran] == want
