@@ -54,7 +54,10 @@ The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in
 delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
 num_warps and num_stages.
 
-Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/NOTES.md).
+Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/NOTES.md). The rows for
+the other GPU classes (max_smem / min_cc / max_cc conditions, after the rows they refine) are chosen by compiled
+figures, shared memory, tensor memory, registers, spills and CTAs per SM (tests/cross_compile.py), with the smallest
+change from Hopper's row that fits; benchmarks/tools/time_arch_rows.py times them on the H200 against Hopper's.
 """
 
 from __future__ import annotations
@@ -189,6 +192,60 @@ TABLE = [
      "fp32 D=80 fused backward at 14x14, 2 stages: 177 KB 'high', 188 KB 'highest' (253 KB at 3)"),
     ("dkdv", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
      dict(num_stages=2), "the fused launch's stages (row above: 177 KB at 2 stages)"),
+    # ---- other GPU classes (kernels/arch.py): the rows above, refined to fit a CTA's shared memory and an SM's tensor
+    # memory and, in bf16 / fp16, to run without register spills. Figures: tests/cross_compile.py (Triton 3.6,
+    # aligned arguments) at SAM's shapes; not timed on those GPUs (benchmarks/tools/time_arch_rows.py times them on
+    # the H200 against the rows above)
+    # mma.sync GPUs (sm_80, sm_86, sm_89, sm_120: at most 163 KB a CTA), 16-bit: 32-query dQ blocks and dK/dV steps
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB), dict(BLOCK_M=32),
+     "bf16 SAM-B global dQ on sm_86, 32 queries: 210 registers, no spill (64 queries / 8 warps: 8 B)"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_163KB), dict(BLOCK_M=32),
+     "bf16 SAM-B 512 px fused backward on sm_86, 32 queries: 225 registers, no spill (64 / 8 warps: 40 B)"),
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB, min_d=D_64 + 1), dict(BLOCK_N=32),
+     "bf16 D=80 dQ on 32x32 grids, sm_86, 32 x 32 tiles: 244 registers, no spill (32 x 64: 96-104 B)"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_163KB, min_d=D_64 + 1), dict(BLOCK_M=16),
+     "bf16 D=80 dK/dV on sm_86, 16-query steps: no spill (32: 24 B global, 72 B windows)"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_163KB, max_wk=WK_NARROW, max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=16),
+     "bf16 fused backward on 14x14 windows, sm_86, 16-query dK/dV steps: D=80 no spill (32: 272 B)"),
+    # ... at 2 stages: fewer registers (sm_80's fused launches spill at 3) and, at 99 KB a CTA (sm_86, sm_89, sm_120),
+    # two CTAs an SM beside 255 registers a thread
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB), dict(num_stages=2),
+     "bf16 SAM-B global dQ on sm_86: 26 KB at 2 stages, 2 CTAs per SM (its registers allow 2)"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_163KB), dict(num_stages=2),
+     "bf16 SAM-B 512 px fused backward, sm_80: 16 B spilled at 3 stages (54 KB), none at 2 (38 KB, 2 CTAs)"),
+    ("fwd", dict(fp32=False, max_smem=SMEM_99KB), dict(num_stages=2),
+     "bf16 SAM-B global fwd on sm_86: 24 KB, 2 CTAs per SM (4 stages: 56 KB, 1)"),
+    # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids, 16-query dK/dV steps, split backward launches
+    ("fwd", dict(fp32=True, max_smem=SMEM_99KB), dict(num_stages=2),
+     "fp32 high SAM-B global fwd on sm_86: 48 KB at 2 stages, 2 CTAs per SM; 'highest' D=80 80 KB"),
+    ("dq", dict(fp32=True, max_smem=SMEM_99KB), dict(BLOCK_M=32, num_warps=4, num_stages=2),
+     "fp32 SAM-B global dQ on sm_86, 32 x 64 / 4 warps / 2 stages: 72 KB 'high', 96 'highest' (64: 80, 112)"),
+    ("dq", dict(fp32=True, max_smem=SMEM_99KB, max_wk=WK_NARROW), dict(BLOCK_M=64, BLOCK_N=16),
+     "fp32 windows dQ on sm_86, 64 x 16 at 2 stages: 44 KB 'high', 95 KB 'highest' D=80 (3 stages: 110)"),
+    ("dq", dict(prec="tf32x3", max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=1),
+     "fp32 'highest' D=80 global dQ on sm_86, 1 stage: 56 KB (2 stages: 100.1 KB, over 99)"),
+    ("dkdv", dict(fp32=True, max_smem=SMEM_99KB), dict(BLOCK_M=16, num_stages=2),
+     "fp32 SAM-B global dK/dV on sm_86, 16-query steps at 2 stages: 52 KB 'high', 84 KB 'highest'"),
+    ("dkdv", dict(prec="tf32x3", max_smem=SMEM_99KB, min_d=D_64 + 1), dict(num_stages=1),
+     "fp32 'highest' D=80 windows dK/dV on sm_86, 1 stage: 84 KB (2 stages: 108 KB)"),
+    ("bwd", dict(fp32=True, max_smem=SMEM_99KB), dict(FUSED=False),
+     "fp32 fused backward on 16x16 grids, sm_86, 2 stages: 117 KB 'high' D=80, 129 'highest' D=64: split"),
+    # sm_80 (163 KB), fp32: 64-query dQ blocks on 4 warps; 'highest' fused launches at 2 stages
+    ("dq", dict(fp32=True, min_smem=SMEM_163KB, max_smem=SMEM_163KB, min_wk=WK_NARROW + 1),
+     dict(BLOCK_M=64, num_warps=4), "fp32 SAM-B global dQ on sm_80, 64 x 64 / 4 warps: 128 KB 'high', 112 'highest'"),
+    ("dq", dict(prec="tf32x3", min_smem=SMEM_163KB, max_smem=SMEM_163KB, max_wk=WK_NARROW,
+                max_rows=ROWS_SMALL_FP32), dict(num_stages=2),
+     "fp32 'highest' fused backward on 16x16, sm_80, 2 stages: 129 KB (3: 193 KB)"),
+    ("dkdv", dict(prec="tf32x3", min_smem=SMEM_163KB, max_smem=SMEM_163KB, max_wk=WK_NARROW,
+                  max_rows=ROWS_SMALL_FP32), dict(num_stages=2),
+     "the fused launch's stages (row above: 129 KB at 2 stages)"),
+    # sm_100 (tcgen05, 512 columns of tensor memory an SM): 'highest' dQ blocks whose accumulators fit
+    ("dq", dict(prec="tf32x3", min_cc=100, max_cc=119, min_wk=WK_NARROW + 1), dict(BLOCK_M=64, num_warps=4),
+     "fp32 'highest' SAM-B global dQ on sm_100, 64 queries / 4 warps: 512 tensor-memory columns (128: 640)"),
+    ("dq", dict(prec="tf32x3", min_cc=100, max_cc=119, min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(BLOCK_M=32),
+     "fp32 'highest' D=80 global dQ on sm_100, 32 queries (mma, no tensor memory): 100 KB (64: 688 columns)"),
+    ("dq", dict(prec="tf32x3", min_cc=100, max_cc=119, min_d=D_64 + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
+     dict(BLOCK_M=32), "fp32 'highest' D=80 fused backward on 16x16, sm_100, 32-query dQ: 512 columns (64: 688)"),
     # ---- head dim above 80 (96 = 64 + 32; 112 and 128 run as 128) ------------------------------------
     # replaces the rows above; fp32 tiles twice as wide must fit 227 KB of shared memory (the fp32 D=80
     # forward padded to 128 at 128 x 64 x 3 stages would want 320 KB)

@@ -12,9 +12,9 @@ import re
 import pytest
 
 try:
-    from samhq_fx.kernels import configs
+    from samhq_fx.kernels import arch, configs
 except ImportError:  # running from a checkout without the package installed
-    from kernels import configs
+    from kernels import arch, configs
 
 # fp32 / dot precision as the kernels pair them; head dims as the kernels see them (tiles.pad), `wide` following
 # from d as rel_pos_attention derives it; key-grid widths and query-row counts on both sides of each threshold
@@ -23,20 +23,23 @@ HEAD_DIMS = (64, 80, 128)
 WIDTHS = (7, 8, 9, 14, 16, 17, 32, 48, 64, 128)
 ROWS = (1, configs.ROWS_SMALL_FP32, configs.ROWS_SMALL_FP32 + 1, configs.ROWS_SMALL_16BIT,
         configs.ROWS_SMALL_16BIT + 1, 10**6)
+# the GPU classes the rows tell apart: (shared memory a CTA may have, compute capability)
+TARGETS = sorted({(a.smem, a.capability) for a in arch.ARCHS.values()})
 
 
 def shape_classes():
-    for (fp32, prec), wide, d, wk, rows, interpret in itertools.product(
-            PRECISIONS, (True, False), HEAD_DIMS, WIDTHS, ROWS, (True, False)):
+    for (fp32, prec), wide, d, wk, rows, interpret, (smem, cc) in itertools.product(
+            PRECISIONS, (True, False), HEAD_DIMS, WIDTHS, ROWS, (True, False), TARGETS):
         if wide == (d > configs.D_WIDE):
-            yield dict(fp32=fp32, prec=prec, wide=wide, d=d, wk=wk, rows=rows, interpret=interpret)
+            yield dict(fp32=fp32, prec=prec, wide=wide, d=d, wk=wk, rows=rows, interpret=interpret, smem=smem, cc=cc)
 
 
 def test_grid_covers_the_thresholds():
     assert {8192, 8193, 40000, 40001, 10**6} <= set(ROWS)
     assert {configs.WK_TINY, configs.WK_TINY + 1, configs.WK_NARROW, configs.WK_NARROW + 1} <= set(WIDTHS)
     assert {configs.D_64, configs.D_64 + 1} & set(HEAD_DIMS) and max(HEAD_DIMS) > configs.D_WIDE
-    assert sum(1 for _ in shape_classes()) == 3 * 3 * 10 * 6 * 2
+    assert {configs.SMEM_99KB, configs.SMEM_163KB, configs.SMEM_HOPPER} == {smem for smem, _ in TARGETS}
+    assert sum(1 for _ in shape_classes()) == 3 * 3 * 10 * 6 * 2 * len(TARGETS)
 
 
 def dead_rows(table: list) -> list[int]:

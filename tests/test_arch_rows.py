@@ -1,0 +1,128 @@
+"""The config rows of every GPU class (kernels/configs.py's max_smem / min_cc / max_cc rows) give right answers.
+
+tests/test_kernels.py runs the configs Hopper's rows choose at SAM's shape classes through the interpreter; this file
+runs those that another architecture class gets where they differ from Hopper's (smaller blocks, fewer stages, more
+warps, split instead of fused launches), forced through OVERRIDES as the GPU table gives them, against float64 with
+every output checked (NaN-poisoned buffers, rel-pos gradients included). Each distinct config set runs once, named by
+the classes that get it. A pure table check too: a fused launch's dK/dV and dQ agree on warps and stages in every
+class.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from test_kernels import K, MODES, make_inputs, run_and_check
+
+arch, configs = K.arch, K.configs
+KERNELS = ("fwd", "dkdv", "dq", "bwd")
+
+# SAM's shape classes as the GPU table sees them: (batch, grid hk x wk run here, head dim, mode, rows the GPU launch
+# has = batch * heads * queries). 14x14: windows of ViT-B/L (12 / 16 heads, D=64) and ViT-H (16 heads, D=80), 25
+# windows a 1024 px image (split backward) and 4 a 256 px one (fused); 64, 32 and 16 wide: the global layers at 1024,
+# 512 and 256 px, here on a few grid rows (the interpreter's cost grows with N^2)
+SAM_CLASSES = [
+    (1, 14, 14, 64, mode, 25 * 12 * 196) for mode in ("bf16", "fp32-high", "fp32-highest")
+] + [
+    (1, 14, 14, 80, mode, 25 * 16 * 196) for mode in ("bf16", "fp32-high", "fp32-highest")
+] + [
+    (1, 14, 14, 64, mode, 4 * 12 * 196) for mode in ("bf16", "fp32-high", "fp32-highest")
+] + [
+    (1, 2, 64, d, mode, heads * 4096) for d, heads in ((64, 12), (80, 16)) for mode in ("bf16", "fp32-high",
+                                                                                        "fp32-highest")
+] + [
+    (1, 2, 32, 64, mode, 12 * 1024) for mode in ("bf16", "fp32-high", "fp32-highest")
+] + [
+    (1, 3, 16, d, mode, 16 * 256) for d in (64, 80) for mode in ("bf16", "fp32-high", "fp32-highest")
+]
+
+
+def facts(a: arch.Arch, wk: int, d: int, mode: str, rows: int) -> dict:
+    dtype = MODES[mode][0]
+    prec = {"fp32-high": "tf32", "fp32-highest": "tf32x3"}.get(mode, "none")
+    return dict(fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, wk=wk, rows=rows, interpret=False,
+                d=d, smem=a.smem, cc=a.capability)
+
+
+def gpu_configs(a: arch.Arch, wk: int, d: int, mode: str, rows: int) -> dict:
+    f = facts(a, wk, d, mode, rows)
+    return {kern: configs.config(kern, **f) for kern in KERNELS}
+
+
+def distinct_cases() -> list:
+    """(case, config set, the classes that get it) for each SAM class where a class's configs are not Hopper's."""
+    cases = []
+    for case in SAM_CLASSES:
+        b, hk, wk, d, mode, rows = case
+        hopper = gpu_configs(arch.ARCHS["sm_90"], wk, d, mode, rows)
+        by_configs: dict[str, tuple] = {}
+        for a in arch.ARCHS.values():
+            cfgs = gpu_configs(a, wk, d, mode, rows)
+            if cfgs != hopper:
+                key = repr(sorted((k, sorted(v.items())) for k, v in cfgs.items()))
+                by_configs.setdefault(key, (cfgs, []))[1].append(a.name)
+        cases += [pytest.param(case, cfgs, names, id=f"{'+'.join(names)}-{hk}x{wk}-d{d}-{mode}-{rows}")
+                  for cfgs, names in by_configs.values()]
+    return cases
+
+
+CASES = distinct_cases()
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(K, "_POISON_OUTPUTS", True)
+
+
+@pytest.fixture
+def matmul_precision():
+    old = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(old)
+
+
+def test_other_classes_have_rows_of_their_own():
+    # the per-class rows exist and reach SAM's shapes: every class but Hopper's gets configs of its own somewhere
+    names = {n for _, _, names in (c.values for c in CASES) for n in names}
+    assert names >= {"sm_80", "sm_86", "sm_89", "sm_120", "sm_100"}, names
+
+
+@pytest.mark.parametrize("case,gpu,names", CASES)
+def test_class_rows_at_sam_shapes(case, gpu, names, monkeypatch, matmul_precision):
+    b, hk, wk, d, mode, rows = case
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    monkeypatch.setattr(K.configs, "OVERRIDES", gpu)
+    f = {**facts(arch.DEFAULT, wk, d, mode, rows), "interpret": True}
+    for kern, cfg in gpu.items():  # what runs: the class's config, and interpreter-row keys only at their default
+        ran = K.configs.config(kern, **f)
+        assert {key: val for key, val in ran.items() if key not in cfg and val} == {}, (kern, ran, cfg)
+    run_and_check(*make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=wk + d + rows % 7), tol)
+
+
+@pytest.mark.parametrize("name", list(arch.ARCHS))
+@pytest.mark.parametrize("fp32,prec", [(False, "none"), (True, "tf32"), (True, "tf32x3")])
+def test_fused_launch_rows_agree_on_warps_and_stages(name, fp32, prec):
+    # a fused launch needs one num_warps / num_stages for dK/dV and dQ; backward() silently splits otherwise, so a
+    # class's row that changes one and not the other would turn its fused launches into split ones unseen
+    a = arch.ARCHS[name]
+    for wk, rows, d in itertools.product((7, 14, 16, 28, 32, 48, 56, 64), (49, 2_352, 8_192, 37_632, 196_608),
+                                         (64, 80)):
+        f = dict(fp32=fp32, prec=prec, wide=False, wk=wk, rows=rows, interpret=False, d=d, smem=a.smem,
+                 cc=a.capability)
+        if configs.config("bwd", **f).get("FUSED"):
+            kv, q = configs.config("dkdv", **f), configs.config("dq", **f)
+            assert (kv["num_warps"], kv["num_stages"]) == (q["num_warps"], q["num_stages"]), (name, wk, rows, d)
+
+
+
+def test_sm89_takes_sm86_rows():
+    # the same shared memory and no capability condition between them: tests/test_kernels_compile.py compiles sm_86
+    # and not sm_89 on that ground
+    for case in SAM_CLASSES:
+        _, _, wk, d, mode, rows = case
+        assert gpu_configs(arch.ARCHS["sm_89"], wk, d, mode, rows) == gpu_configs(arch.ARCHS["sm_86"], wk, d, mode,
+                                                                                   rows), case
