@@ -33,6 +33,7 @@ from torch._dynamo.exc import ShortenTraceback
 
 from .host_indices import move_host_indices
 from .options import KEYS, PREFIX, Options
+from . import placement
 from .rewrite import RelPosAttentionPass
 
 
@@ -74,23 +75,6 @@ def split_options(options) -> tuple[dict[str, Any], dict[str, Any]]:
     return ours, dict(resolved.inductor_options)
 
 
-def resolve_triton_op(triton_op: bool | str, patches: dict[str, Any]) -> bool | str:
-    """Which registration of the fused op "auto" may use in this compile (True / False stay as given)."""
-    if triton_op != "auto":
-        return triton_op
-    if patches.get("triton.cudagraphs"):
-        # CUDA graphs replay the launches without host work, which is what Inductor's launcher saves
-        # ("auto" measured: bf16 train step 71.6 -> 60.7 ms without graphs); the opaque op keeps its
-        # runtime fallback to the reference
-        return False
-    if torch._dynamo.config.compiled_autograd:
-        # compiled autograd re-traces the backward and opens a triton_op into triton_kernel_wrapper_functional,
-        # which Dynamo (torch 2.11) cannot trace: the backward graph broke there and the attention backward
-        # ran outside every compiled graph (GPU test). The opaque op stays one node.
-        return False
-    return "auto"
-
-
 def launch_user_kernels_statically(patches: dict[str, Any]) -> None:
     """Let Inductor launch the fused op's kernels (the triton_op registration's) with its static CUDA launcher,
     as it launches its own (option samhq.static_launch), unless the user's Inductor options say otherwise.
@@ -128,7 +112,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
             if move_host_indices(module.graph):
                 module.recompile()
     if opts.rewrite:
-        triton_op = resolve_triton_op(opts.triton_op, patches)
+        triton_op = placement.for_compile(opts.triton_op, patches)
         rewrite = RelPosAttentionPass(opts.min_seq_len, opts.dump_dir, triton_op)
         for module in graphs:  # activation-checkpoint regions and other HOP bodies included
             rewrite(module.graph)

@@ -1,5 +1,7 @@
 """Where a matched attention runs, decided when the graph is compiled, on the device it is compiled for.
 
+    for_compile(triton_op, patches)
+                                what option samhq.triton_op means for one compile (CUDA graphs, compiled autograd)
     misfit(match)               None: the fused op takes it; else why it is left to Inductor (match report: SKIPPED)
     inductor_launches(match, triton_op)
                                 which registration of the op to emit: the triton_op one (Inductor compiles and
@@ -16,6 +18,7 @@ import math
 
 import torch
 
+from . import op
 from .patterns.fx_utils import is_static, value
 from .patterns.rel_pos_attention import Match
 
@@ -69,6 +72,29 @@ def misfit(m: Match) -> str | None:
     shape = fit.Shape(b=b, n_q=n_q, hk=hk, wk=wk, d=d, dv=dv)
     reason = fit.misfit(target, q.dtype, torch.get_float32_matmul_precision(), shape)
     return None if reason is None else f"the kernels do not fit {target.name}: {reason}"
+
+
+def for_compile(triton_op: bool | str, patches: dict) -> bool | str:
+    """What option samhq.triton_op means for one compile with Inductor config `patches`: True / False as given;
+    "auto" is False (the opaque op) under CUDA graphs and compiled autograd, else left to `inductor_launches`."""
+    if triton_op != "auto":
+        return triton_op
+    if patches.get("triton.cudagraphs"):
+        # CUDA graphs replay the launches without host work, which is what Inductor's launcher saves
+        # ("auto" measured: bf16 train step 71.6 -> 60.7 ms without graphs)
+        return False
+    if torch._dynamo.config.compiled_autograd:
+        # compiled autograd re-traces the backward and opens a triton_op into triton_kernel_wrapper_functional,
+        # which Dynamo (torch 2.11) cannot trace: the backward graph broke there and the attention backward
+        # ran outside every compiled graph (GPU test). The opaque op stays one node.
+        return False
+    return "auto"
+
+
+def dynamic_grids(triton_op: bool | str) -> bool:
+    """Whether matches with a symbolic key grid may be fused: not when the triton_op registration is forced (Inductor
+    compiles its kernels with the grid as a constant)."""
+    return triton_op is not True or not op.HAS_INDUCTOR_VARIANT
 
 
 def inductor_launches(m: Match, triton_op: bool | str) -> bool:

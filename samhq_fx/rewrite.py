@@ -179,9 +179,7 @@ class RelPosAttentionPass(CustomGraphPass):
             return
         self._done.add(id(graph))
         before = debug.graph_source(graph) if self.dump_dir else None
-        # Inductor compiles the triton_op's kernels with the grid as a constant: static grids only.
-        dynamic_grid = op.fused_op(self.triton_op is True) is torch.ops.samhq.rel_pos_attention.default
-        candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=dynamic_grid)
+        candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=placement.dynamic_grids(self.triton_op))
         for cand in candidates:
             if cand.match is not None:
                 reason = placement.misfit(cand.match)  # decided here, on the device compiled for
