@@ -19,7 +19,7 @@ What lives here, once:
     merged. Compiling is CPU-bound and single-threaded per process, so N GPUs give ~N times the cells per
     hour (2026-11-30: two H200s of one host, one precision each, ~116 cells per GPU in ~18 minutes).
     Warming the compile caches in many parallel processes first was tried and lost: 24 processes on 32
-    cores all ran out of time (benchmarks/NOTES.md, 2026-11-30).
+    cores all ran out of time (benchmarks/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def rotate_timings(kept: dict, iters: int, device: torch.device, rounds: int = R
     """Per kept cell, the median ms of `iters` calls in each of `rounds` rounds, the cells' calls interleaved one
     by one, the order rotated every turn (kept: key -> (call, before) as wall_times takes them). In one process the
     first build timed ran slower on the host in every piece, and a lent host's speed drifted by up to 1.7x between
-    rounds of 20 calls (H200, 2026-12-02, benchmarks/NOTES.md, method): cells timed one after the other are
+    rounds of 20 calls (H200, benchmarks/DECISIONS.md): cells timed one after the other are
     charged whatever the host did meanwhile, interleaved calls share it. None if a call compiled again (its rounds
     would have timed a compile)."""
     from torch._dynamo.utils import counters

@@ -49,12 +49,12 @@ loads + selects instead of a tile gather, R > 1 only), and for dK/dV with 16-bit
 rel_w copied with queries contiguous before the launch; fp32 gets them anyway, with its K-major copies).
 MAXNREG (a register cap for ptxas, so one more CTA fits per SM) is honoured by direct launches only (Inductor's
 codegen of a triton_op's kernels drops it); no row sets it: capped dK/dV / dQ / forward configs with one more CTA
-per SM were within -3% .. +20% of the rows below on the H200 (benchmarks/NOTES.md).
+per SM were within -3% .. +20% of the rows below on the H200 (benchmarks/DECISIONS.md).
 The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in one launch, each computing
 delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
 num_warps and num_stages.
 
-Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/NOTES.md). The rows for
+Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/DECISIONS.md). The rows for
 the other GPU classes (max_smem / min_cc / max_cc conditions, after the rows they refine) are chosen by compiled
 figures, shared memory, tensor memory, registers, spills and CTAs per SM (tests/cross_compile.py), with the smallest
 change from Hopper's row that fits; benchmarks/tools/time_arch_rows.py times them on the H200 against Hopper's.

@@ -233,7 +233,7 @@ def test_training_runs_are_bitwise_reproducible(no_fallback):
     # (the patch embedding) is put in its deterministic mode; the fused op and index_rows are deterministic by
     # construction. Two separate compiles are not held to it: on the H200 (2026-12-02) two compiles of this model
     # differed after one step even with plain Inductor in its deterministic mode (36 of 37 gradients, up to
-    # 2.3e-4; benchmarks/NOTES.md, correctness and determinism).
+    # 2.3e-4; benchmarks/DECISIONS.md).
     old = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     try:

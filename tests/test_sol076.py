@@ -327,7 +327,7 @@ def test_time_entry_quick(tmp_path, capsys):
         assert r["wall_us"] > 0 and r["span_us"] is None  # no profiler on CPU
     assert rows["solution"]["graphs"] == 1
     assert "targets (solution)" in out and "every cell passes ('high')" in out
-    assert "| 4x4x2 | " in out  # the markdown table for README / NOTES
+    assert "| 4x4x2 | " in out  # the markdown table for benchmarks/README.md
     # resuming from that file runs nothing and keeps the rows
     p2 = time_entry.main(["--quick", "--out", str(tmp_path / "again.jsonl"),
                           "--resume", str(tmp_path / "sol076_entry.jsonl")])

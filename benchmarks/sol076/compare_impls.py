@@ -45,7 +45,7 @@ copying fresh inputs into the graph's static buffers is part of their call, as i
 rows carry cudagraph_skips (graphs Inductor refused to capture; >0 means the variant ran without graphs).
 
 Run time: compiling dominates (guess for an H200 host: ~5-30 s per compiled cell, a minute or more for
-max-autotune on large shapes; samhq under "highest" also runs slowly, see NOTES.md).  A full matrix does
+max-autotune on large shapes; samhq under "highest" also runs slowly, see benchmarks/DECISIONS.md).  A full matrix does
 not fit one 10-minute window, so the run is budgeted (--time-budget, default 480 s: a cell is started only
 if its estimate -- the longest earlier cell of that implementation -- still fits) and resumable:
   python benchmarks/sol076/compare_impls.py --workloads rep        # 4 representative workloads, ~one window

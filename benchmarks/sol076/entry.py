@@ -2,7 +2,7 @@
 
 The benchmark's call is "forward, then torch.autograd.grad of 7 inputs". Through autograd (even compiled,
 even with CUDA graphs) that is two graph replays with the autograd engine's host work between them: on the
-small workloads the GPU idles most of the call (benchmarks/NOTES.md, 2026-11-30). Here the same gradients
+small workloads the GPU idles most of the call (benchmarks/DECISIONS.md). Here the same gradients
 come from one function with no autograd in it:
 
     sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weight, proj_bias,
@@ -92,7 +92,7 @@ def sol076_backward(grad_output, hidden_states, qkv_weight, qkv_bias, proj_weigh
     kernels on bf16 operands (fp32 accumulation, fp32 softmax statistics) and returns fp32 gradients.
     The benchmark checks each output against atol + 1e-3 |ref| and not the precision used inside (its
     speed-of-light is priced at the 16-bit tensor rate); what "bf16" costs in accuracy is measured per
-    workload by time_entry.py's check (benchmarks/NOTES.md, 2026-12-01).
+    workload by time_entry.py's check (benchmarks/DECISIONS.md).
     """
     if compute not in COMPUTE_CHOICES:
         raise ValueError(f"compute={compute!r}; choose from {COMPUTE_CHOICES}")

@@ -19,7 +19,7 @@ Each (query, table row) pair has at most one key row, so this is a masked gather
 output element is written once, deterministically. Written as torch ops (a gather with a remainder and a
 masked fill), Inductor's kernel ran at ~245 GB/s on grids whose width is not a power of two (int64
 remainders and index asserts per element: 71.5 us at 56x56x1, 85.7 at 48x48x2 on the H200); this kernel
-computes the shifts in int32 and writes whole rows: 10.4 and 12.2 us (benchmarks/NOTES.md; d3d79fa).
+computes the shifts in int32 and writes whole rows: 10.4 and 12.2 us (benchmarks/DECISIONS.md).
 `width` pads the rows (to a multiple of 8) so the GEMMs that read dT get 16-byte aligned rows.
 
 The forward gather is fast as Inductor writes it alone (benchmarks/tools/bench_rel_tables.py: 13.7 us at 56x56x1, 44.7 at

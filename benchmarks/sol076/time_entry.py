@@ -246,7 +246,7 @@ def targets(rows: list[dict], summary: dict, impl: str = "solution") -> list[tup
 
 
 def markdown(rows, summary) -> str:
-    """README / NOTES table: per workload, each implementation's span us / kernels per call / peak MiB."""
+    """benchmarks/README.md table: per workload, each implementation's span us / kernels per call / peak MiB."""
     order = [bench.wl_name(w) for w in list(definition.WORKLOADS) + list(bench.EXTRA_WORKLOADS)]
     lines = []
     for prec, d in summary.items():
@@ -269,7 +269,7 @@ def markdown(rows, summary) -> str:
 
 
 def print_report(rows, summary, skipped) -> None:
-    """The markdown table per precision (README / NOTES), each implementation's suite line, the targets."""
+    """The markdown table per precision (benchmarks/README.md), each implementation's suite line, the targets."""
     print()
     print(markdown(rows, summary))
     for prec, d in summary.items():

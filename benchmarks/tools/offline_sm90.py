@@ -1,6 +1,6 @@
 """What a kernel config costs on Hopper, read without a GPU: registers, spills, shared memory, CTAs per SM by each
 limit, and from the SASS how many exponentials run between a wgmma wait that leaves one MMA in flight and the wait
-for none (the softmax / MMA overlap that Triton's tl kernels never have; benchmarks/NOTES.md, kernels).
+for none (the softmax / MMA overlap that Triton's tl kernels never have; benchmarks/DECISIONS.md).
 
     python benchmarks/tools/offline_sm90.py bwd bf16 dkdv '{"num_warps": 4, "num_stages": 3, "BLOCK_M_KV": 32}'
     python benchmarks/tools/offline_sm90.py fwd fp32 - '{"BLOCK_M": 64, "R": 2, "WK_PAD": 32, "HK": 32, "WK": 32}'

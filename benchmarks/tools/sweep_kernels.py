@@ -233,7 +233,7 @@ SMALL_STEP_CANDS = {
 # The windows' dQ at 2 stages (offline, sm_90, Triton 3.9: 168 registers / 70 KB, 3 CTAs per SM against 162 / 85 KB,
 # 2 at the shipped 3; the global layer ships 2 stages already) lost: 577.8 against 540.6 us (050645a, 2026-12-03,
 # results/sweep_kernels.jsonl). Register caps would add a CTA to the forward (130 -> 127, 4) but
-# Inductor's triton_op launches drop them (NOTES, register caps).
+# Inductor's triton_op launches drop them (benchmarks/DECISIONS.md, register caps).
 D80_SHAPES = [(64, 1), (14, 25)]
 D80_CANDS = {
     "dkdv": [dict(BLOCK_M=32, num_warps=4, num_stages=2), dict(BLOCK_M=32, num_warps=4, num_stages=3),
@@ -273,7 +273,7 @@ MAXNREG_CANDS = {
 
 
 # --dkdv128: bf16 dK/dV with 128-key tiles (two rows of a 64-wide grid, rel_h by selects) and 8 warps, the program an
-# ordered one-pass backward would extend (benchmarks/NOTES.md, 2026-12-01). Uncapped it fits 1 CTA per SM (154-204 registers; best
+# ordered one-pass backward would extend (benchmarks/DECISIONS.md). Uncapped it fits 1 CTA per SM (154-204 registers; best
 # backward 647 us against 591 shipped at SAM-B); capped at 128 registers, 2 CTAs of 8 warps (offline, 8-byte stack)
 DKDV128_SHAPES = [(64, 1), (64, 4), (56, 1), (48, 2), (32, 8)]
 DKDV128_CANDS = {"dkdv": [dict(BLOCK_N=128, num_warps=8, BLOCK_M=bm, num_stages=st, RH_SELECT=True, MAXNREG=cap)
