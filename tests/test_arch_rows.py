@@ -126,3 +126,24 @@ def test_sm89_takes_sm86_rows():
         _, _, wk, d, mode, rows = case
         assert gpu_configs(arch.ARCHS["sm_89"], wk, d, mode, rows) == gpu_configs(arch.ARCHS["sm_86"], wk, d, mode,
                                                                                    rows), case
+
+
+def test_time_arch_rows_dry_run_lists_what_it_would_time():
+    # benchmarks/tools/time_arch_rows.py without a GPU: each class's cells, the ones whose launches an earlier class
+    # has marked "same" (sm_89 takes sm_86's), and what it would time with the GPU table's configs, not the
+    # interpreter's (a process of its own, without TRITON_INTERPRET)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "time_arch_rows.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
+    proc = subprocess.run([sys.executable, str(tool), "--dry-run", "--shape", "B-global", "H-windows", "--mode", "bf16",
+                           "tf32x3"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cells = {tuple(line.split()[:3]): line for line in proc.stdout.splitlines()[1:]}
+    assert len(cells) == len(arch.ARCHS) * 2 * 2, proc.stdout
+    assert "same: sm_86's launches" in cells[("sm_89", "B-global", "bf16")]
+    assert "time: would time" in cells[("sm_90", "H-windows", "tf32x3")]
+    assert "'num_stages': 2" in cells[("sm_86", "B-global", "bf16")]  # the 99 KB rows, not the interpreter's 1 stage
