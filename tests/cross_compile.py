@@ -3,6 +3,7 @@
     python tests/cross_compile.py                      # the whole table; exit 1 if a launch does not fit or spills
     python tests/cross_compile.py --json rows.json     # also write the rows
     python tests/cross_compile.py --arch sm_86 --mode bf16 tf32x3 --quiet
+    PYTHONPATH=.ci-triton36 python tests/cross_compile.py   # with Triton 3.6 (pip install --target .ci-triton36 ...)
 
 For each architecture (kernels/arch.py), dtype / precision (bf16, fp16, fp32 "high" = TF32, fp32 "highest" = 3-pass
 TF32) and SAM shape class (ViT-B 12 heads / ViT-L 16 heads at head dim 64, ViT-H 16 heads at 80; global layers on
