@@ -320,7 +320,8 @@ def test_written_solution_has_the_format_and_runs_from_its_own_sources(tmp_path)
     assert {"entry.py", "entry_stage.py", "graph_kernel_args.py", "rel_pos_ops.py", "rel_pos_tables.py",
             "samhq_fx/__init__.py", "samhq_fx/op.py", "samhq_fx/reference.py", "samhq_fx/kernels/__init__.py",
             "samhq_fx/kernels/rel_pos_attention.py", "samhq_fx/kernels/configs.py"} <= set(paths)
-    origin = {"samhq_fx/kernels/": repo / "kernels", "samhq_fx/": repo / "samhq_fx", "": repo / "benchmarks" / "sol076"}
+    origin = {"samhq_fx/kernels/": repo / "kernels", "samhq_fx/patterns/": repo / "patterns",
+              "samhq_fx/": repo / "samhq_fx", "": repo / "benchmarks" / "sol076"}
     for src in sol["sources"]:  # each the repo's file as it is
         prefix = next(p for p in origin if src["path"].startswith(p))
         assert (origin[prefix] / src["path"][len(prefix):]).read_text() == src["content"], src["path"]
