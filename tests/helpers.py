@@ -64,3 +64,17 @@ def whole_samhq_model_and_loss(tmp_path, device):
         return finetune_samhq.loss_fn(out.pred_masks[:, 0, 0].float(), batch["target"])
 
     return model.to(device).train(), loss_fn
+
+
+def capture_compile_fx(monkeypatch) -> dict:
+    """Stand in for Inductor's compile_fx: record the config patches the backend hands it, run the graph as is."""
+    import torch._inductor.compile_fx
+
+    seen = {}
+
+    def fake_compile_fx(gm, example_inputs, config_patches=None):
+        seen.update(config_patches)
+        return gm.forward
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
+    return seen

@@ -77,13 +77,6 @@ def _poison(monkeypatch):
     monkeypatch.setattr(K, "_POISON_OUTPUTS", True)
 
 
-@pytest.fixture
-def matmul_precision():
-    old = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(old)
-
-
 def test_other_classes_have_rows_of_their_own():
     # the per-class rows exist and reach SAM's shapes: every class but Hopper's gets configs of its own somewhere
     names = {n for _, _, names in (c.values for c in CASES) for n in names}

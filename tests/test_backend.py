@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 from samhq_fx.models import random_init_, tiny_vision_config
 from samhq_fx.rewrite import RelPosAttentionPass
 
-from helpers import fresh_compile_state, rel_err
+from helpers import capture_compile_fx, fresh_compile_state, rel_err
 
 # The rewrite followed by aot_eager instead of Inductor: the same matcher, op and autograd, without
 # minutes of C++ compilation on CI's two cores. Tests marked INDUCTOR run the real pipeline.
@@ -73,22 +73,8 @@ def test_mode_and_options_pass_through_to_inductor(monkeypatch):
         samhq_backend(gm, [torch.ones(2)])
 
 
-def _capture_compile_fx(monkeypatch) -> dict:
-    """Stand in for Inductor's compile_fx: record the config patches the backend hands it, run the graph as is."""
-    import torch._inductor.compile_fx
-
-    seen = {}
-
-    def fake_compile_fx(gm, example_inputs, config_patches=None):
-        seen.update(config_patches)
-        return gm.forward
-
-    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
-    return seen
-
-
 def test_mode_errors_name_what_conflicts(monkeypatch):
-    seen = _capture_compile_fx(monkeypatch)
+    seen = capture_compile_fx(monkeypatch)
     from samhq_fx.backend import samhq_backend
 
     gm = torch.fx.symbolic_trace(lambda x: x + 1)

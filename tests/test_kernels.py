@@ -52,13 +52,6 @@ def _poison(monkeypatch):
     monkeypatch.setattr(K, "_POISON_OUTPUTS", True)
 
 
-@pytest.fixture
-def matmul_precision():
-    old = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(old)
-
-
 def make_inputs(b, n_q, hk, wk, d, dv, dtype, layout="contiguous", seed=0):
     """Random inputs; layout 'qkv' gives q/k/v as strided views of one packed projection, 'transposed'
     gives q/k/v/dout whose last-dim stride is not 1."""

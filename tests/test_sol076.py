@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 
 import samhq_fx.op
 
-from helpers import fresh_compile_state, rel_err
+from helpers import capture_compile_fx, fresh_compile_state, rel_err
 
 SOL076 = Path(__file__).resolve().parents[1] / "benchmarks" / "sol076"
 sys.path.insert(0, str(SOL076.parent))  # common, plot
@@ -34,24 +34,10 @@ import plot  # noqa: E402
 HAVE_SAMHQ = common.samhq_available()
 
 
-def _capture_compile_fx(monkeypatch) -> dict:
-    """Stand in for Inductor's compile_fx: record the config patches the backend hands it, run the graph as is."""
-    import torch._inductor.compile_fx
-
-    seen = {}
-
-    def fake_compile_fx(gm, example_inputs, config_patches=None):
-        seen.update(config_patches)
-        return gm.forward
-
-    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", fake_compile_fx)
-    return seen
-
-
 def test_samhq_mode_with_other_options_runs_through_torch_compile(tmp_path, monkeypatch):
     # torch.compile refuses mode= with options= whatever the backend; options={"samhq.mode": ...} is the
     # documented spelling for a mode plus samhq options, and reaches Inductor as that mode's settings
-    seen = _capture_compile_fx(monkeypatch)
+    seen = capture_compile_fx(monkeypatch)
     fresh_compile_state()
     grad_output, *inputs = definition.make_inputs(4, 4, 2, generator=torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match="Either mode or options"):
