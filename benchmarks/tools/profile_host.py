@@ -367,7 +367,8 @@ def main():
         all_w = timed[name]
         w = [statistics.median(all_w[i:i + args.iters]) for i in range(0, len(all_w), args.iters)]
         row.update(wall_ms=statistics.median(all_w), wall_ms_by_round=w,
-                   wall_ms_quartiles=statistics.quantiles(all_w, n=4),
+                   # one call (a cache warm-up run) has no quartiles
+                   wall_ms_quartiles=statistics.quantiles(all_w, n=4) if len(all_w) > 1 else None,
                    issue_ms=statistics.median(issued[name]))
         row.update(gpu_profile(call))
         row["call_peak_mib"] = call_peak_mib(call)
