@@ -19,7 +19,6 @@ Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median,
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: bench_attention_core, common
+import common  # noqa: E402
 try:
     from samhq_fx.kernels import arch, fit
 except ImportError:  # run from the repo root without the package installed
@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = plan(archs, args.shape, args.mode, real)
     base: dict[tuple, float] = {}
     timed: dict[tuple, float] = {}  # (arch, shape, mode) -> ms
-    header = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  device=torch.cuda.get_device_name() if gpu else "cpu", torch=torch.__version__,
-                  triton=__import__("triton").__version__)
+    header = common.row_meta(common.env_info(), torch.device("cuda" if gpu else "cpu"))
     print(f"{'arch':7s} {'shape':10s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}  note")
     rows = []
     for cell in cells:
