@@ -70,6 +70,7 @@ import re
 WK_TINY = 8  # 7x7 windows, padded to 8 (R = 8): fp32 dQ with 64-query blocks and one fused fp32 backward launch pay
 WK_NARROW = 16  # 14x14 windows (SAM's) and 16x16 grids, padded to 16 (R = 4): rel_h by selects in 32-key tiles;
 #                 from 17 up (padded to 32 and more, R <= 2) dK/dV's bias copies pay at every size
+WK_32 = 32  # 32x32 grids (SAM's global layer at 512 px): 64-query dQ on mma.sync GPUs spills there, not on 64x64
 # Query rows in all (rows = batch * heads * queries; the row figures are at 12 heads).
 ROWS_SMALL_FP32 = 8192  # fp32 on grids 9 to 16 wide: up to this many rows one fused backward launch wins (14x14x2,
 #                         4704 rows: 64.0 -> 58.5 us), above it split launches (14x14x8, 18816 rows: 140 vs 145 us)
@@ -215,6 +216,26 @@ TABLE = [
      "bf16 SAM-B 512 px fused backward, sm_80: 16 B spilled at 3 stages (54 KB), none at 2 (38 KB, 2 CTAs)"),
     ("fwd", dict(fp32=False, max_smem=SMEM_99KB), dict(num_stages=2),
      "bf16 SAM-B global fwd on sm_86: 24 KB, 2 CTAs per SM (4 stages: 56 KB, 1)"),
+    # ... but windows keep Hopper's forward stages (2 CTAs per SM there too) and the split backward launches (above
+    # ROWS_SMALL_16BIT) take Hopper's blocks where they compile without spills with Triton 3.6 and 3.9: 64-query dQ
+    # (on 64x64 grids and windows: 32x32 grids spill 8-104 B) and 3-stage dK/dV, not on sm_120 where 3.9 spills them
+    ("fwd", dict(fp32=False, max_smem=SMEM_99KB, min_wk=WK_TINY + 1, max_wk=WK_NARROW), dict(num_stages=4),
+     "bf16 SAM-B windows fwd on sm_86 at 4 stages: 32-40 KB, 2 CTAs per SM, no spill"),
+    ("fwd", dict(fp32=False, max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW),
+     dict(num_stages=3), "bf16 ViT-H windows fwd on sm_86 at Hopper's 3 stages: 20 KB, no spill"),
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB, max_d=D_64, min_wk=WK_32 + 1, min_rows=ROWS_SMALL_16BIT + 1,
+                max_cc=89), dict(BLOCK_M=64, num_stages=3),
+     "bf16 SAM-B global fwd + bwd, sm_80's rows on the H200: 1.25 -> 0.74 ms (sm_90's); 42 KB, no spill"),
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_SMALL_16BIT + 1),
+     dict(BLOCK_M=64, num_stages=4),
+     "bf16 SAM-B windows fwd + bwd, sm_86's rows on the H200: 0.216 -> 0.121 ms (sm_90's); 34-43 KB"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_163KB, min_rows=ROWS_SMALL_16BIT + 1, max_cc=89), dict(num_stages=3),
+     "bf16 ViT-H windows fwd + bwd, sm_80's rows on the H200: 0.318 -> 0.201 ms; 33-47 KB, no spill"),
+    # ViT-H's global dQ spills at every config (tests/cross_compile.py ALLOWED_SPILLS): 64 queries on 8 warps spill
+    # about as much as 32 on 4 (120-136 B vs 112-120) and time as 1.63x Hopper's row on the H200 instead of 2.14x
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB, min_d=D_64 + 1, min_wk=WK_32 + 1, min_rows=ROWS_SMALL_16BIT + 1,
+                max_cc=89), dict(BLOCK_M=64, num_warps=8, num_stages=2),
+     "bf16 ViT-H global fwd + bwd on the H200, sm_80's rows: 2.50 -> 1.93 ms (sm_90's 1.17)"),
     # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids, 16-query dK/dV steps, split backward launches
     ("fwd", dict(fp32=True, max_smem=SMEM_99KB), dict(num_stages=2),
      "fp32 high SAM-B global fwd on sm_86: 48 KB at 2 stages, 2 CTAs per SM; 'highest' D=80 80 KB"),
