@@ -342,9 +342,13 @@ META = ("commit", "date", "gpu", "torch", "triton", "transformers")  # what row_
 
 def row_meta(env: dict, device: torch.device) -> dict:
     """The fields every results row starts with: the commit the run timed (git describe, "-dirty" with local
-    changes), the run's start (UTC), the GPU (None on CPU) and the library versions. env: env_info()."""
-    return {"commit": env.get("git"), "date": env.get("date"), "gpu": env["device"] if device.type == "cuda" else None,
-            "torch": env.get("torch"), "triton": env.get("triton"), "transformers": env.get("transformers")}
+    changes), the run's start (UTC), the GPU (None on CPU), the library versions, and the GPU class whose configs
+    the kernels took where SAMHQ_FX_ARCH emulates another one on this GPU (kernels/arch.py). env: env_info()."""
+    row = {"commit": env.get("git"), "date": env.get("date"), "gpu": env["device"] if device.type == "cuda" else None,
+           "torch": env.get("torch"), "triton": env.get("triton"), "transformers": env.get("transformers")}
+    if os.environ.get("SAMHQ_FX_ARCH"):
+        row["emulated_arch"] = os.environ["SAMHQ_FX_ARCH"]
+    return row
 
 
 def results_path(harness: str, out: str | None, default: bool = True) -> str | None:

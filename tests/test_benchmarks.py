@@ -194,14 +194,19 @@ def test_run_on_gpus_merges_each_gpus_rows(tmp_path, monkeypatch):
     assert [(r["cell"], r["gpu"]) for r in rows] == [("d", "0"), ("hang", "0")]
 
 
-def test_rows_carry_the_run_metadata_and_append(tmp_path):
-    """row_meta: commit, date, GPU (None on CPU) and versions, in that order; results_path: --out a file, a directory
-    (<dir>/<harness>.jsonl), or the results folder (none for a --quick run without --out); append_rows adds lines."""
+def test_rows_carry_the_run_metadata_and_append(tmp_path, monkeypatch):
+    """row_meta: commit, date, GPU (None on CPU) and versions, in that order, and the emulated GPU class under
+    SAMHQ_FX_ARCH; results_path: --out a file, a directory (<dir>/<harness>.jsonl), or the results folder (none for a
+    --quick run without --out); append_rows adds lines."""
+    monkeypatch.delenv("SAMHQ_FX_ARCH", raising=False)
     env = common.env_info()
     meta = common.row_meta(env, torch.device("cpu"))
     assert tuple(meta) == common.META and meta["gpu"] is None and meta["torch"] == torch.__version__
     assert meta["commit"] == env["git"] and meta["date"] == env["date"]
     assert common.row_meta({**env, "device": "NVIDIA H200"}, torch.device("cuda"))["gpu"] == "NVIDIA H200"
+    monkeypatch.setenv("SAMHQ_FX_ARCH", "sm_86")
+    assert common.row_meta(env, torch.device("cpu"))["emulated_arch"] == "sm_86"
+    monkeypatch.delenv("SAMHQ_FX_ARCH")
     assert common.results_path("sol076", str(tmp_path)) == str(tmp_path / "sol076.jsonl")
     assert common.results_path("sol076", str(tmp_path / "r.jsonl")) == str(tmp_path / "r.jsonl")
     assert common.results_path("sol076", str(tmp_path / "new")) == str(tmp_path / "new" / "sol076.jsonl")
