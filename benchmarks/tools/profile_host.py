@@ -2,7 +2,8 @@
 
 For each build (samhq with the triton_op registration; the same with its kernels on Triton's launcher instead of
 Inductor's static one, samhq.static_launch off; samhq with the opaque op; samhq on HF's "sdpa" attention class; samhq and Inductor
-with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes) of an HF SAM-HQ vision
+with Inductor's C++ wrapper, cpp_wrapper; Inductor on HF's "eager" and "sdpa" attention classes; samhq and Inductor in
+reduce-overhead mode, the -ro builds, only when named) of an HF SAM-HQ vision
 encoder (ViT-B/L/H config at --img: 1024, SAM's, the default, or 512 / 256, benchmarks/image_size.py; random
 weights), all compiled first, in one process:
   wall      median of --rounds x --iters calls, each call synchronized (perf_counter around call + sync), the
@@ -23,6 +24,8 @@ Triton launch, index_rows.
                                             # the frozen encoder of finetune_samhq.py --train decoder
   python benchmarks/tools/profile_host.py --what decoder --batch 4 ...
                                             # that recipe's whole step (encoder, mask decoder, AdamW)
+  python benchmarks/tools/profile_host.py --img 256 --dtype tf32 --builds samhq-ro,inductor-eager-ro,inductor-sdpa-ro
+                                            # reduce-overhead builds, interleaved (CUDA graph replays)
 Appends one row per build to benchmarks/results/profile_host.jsonl (or --out), each starting with common.row_meta
 (commit, date, GPU, versions), then the run's cell (model, what, dtype, batch, img), its builds and the build's figures
 (with --pieces, the samhq build's row also holds them); prints a table.
@@ -65,6 +68,12 @@ BUILDS = {
     "inductor-eager": ("eager", "inductor", None),
     "inductor-sdpa": ("sdpa", "inductor", None),
     "inductor-sdpa-cpp": ("sdpa", "inductor", {"cpp_wrapper": True}),
+    # reduce-overhead (CUDA graphs), timed interleaved like the rest: inference.py times such cells one at a time,
+    # and a small one's in-cell timing moves by more than the builds differ. {"triton.cudagraphs": True} is what
+    # Inductor's mode="reduce-overhead" sets (torch._inductor.list_mode_options)
+    "samhq-ro": ("eager", "samhq", {"samhq.mode": "reduce-overhead"}),
+    "inductor-eager-ro": ("eager", "inductor", {"triton.cudagraphs": True}),
+    "inductor-sdpa-ro": ("sdpa", "inductor", {"triton.cudagraphs": True}),
 }
 
 
@@ -308,9 +317,10 @@ def main():
                     help="image size the model is built for and fed at (default 1024)")
     ap.add_argument("--what", default="infer", choices=("infer", "train", "decoder"),
                     help="encoder inference; encoder forward + backward; the decoder recipe's whole step")
-    ap.add_argument("--builds", default=",".join(BUILDS),
-                    help=f"comma list of {', '.join(BUILDS)}; a name ending in {HELD!r}: that build with its frozen "
-                         "Linear / conv weights held in bf16 (--what decoder, --dtype autocast)")
+    ap.add_argument("--builds", default=",".join(b for b in BUILDS if not b.endswith("-ro")),
+                    help=f"comma list of {', '.join(BUILDS)} (default: all but the -ro builds); a name ending in "
+                         f"{HELD!r}: that build with its frozen Linear / conv weights held in bf16 (--what decoder, "
+                         "--dtype autocast)")
     ap.add_argument("--iters", type=int, default=20, help="synchronized calls per timing round")
     ap.add_argument("--rounds", type=int, default=3,
                     help="timing rounds of --iters calls per build, the builds' calls interleaved one by one")
