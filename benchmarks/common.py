@@ -346,8 +346,11 @@ def row_meta(env: dict, device: torch.device) -> dict:
     the kernels took where SAMHQ_FX_ARCH emulates another one on this GPU (kernels/arch.py). env: env_info()."""
     row = {"commit": env.get("git"), "date": env.get("date"), "gpu": env["device"] if device.type == "cuda" else None,
            "torch": env.get("torch"), "triton": env.get("triton"), "transformers": env.get("transformers")}
-    if os.environ.get("SAMHQ_FX_ARCH"):
-        row["emulated_arch"] = os.environ["SAMHQ_FX_ARCH"]
+    from samhq_fx.kernels import arch  # the one reader of SAMHQ_FX_ARCH (an unknown name is a ValueError)
+
+    emulated = arch.emulated()
+    if emulated is not None:
+        row["emulated_arch"] = emulated.name
     return row
 
 
