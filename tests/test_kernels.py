@@ -182,7 +182,8 @@ def test_split_head_dims(b, hk, wk, d, dv, mode, monkeypatch, matmul_precision, 
     real = torch.library.wrap_triton
     monkeypatch.setattr(torch.library, "wrap_triton", lambda kern: _Record(real(kern), launches))
     run_and_check(*make_inputs(b, hk * wk, hk, wk, d, dv, dtype, seed=d + dv + wk), tol)
-    assert len(launches) == 3  # forward, dQ, dK/dV
+    # forward, then dQ and dK/dV in split launches or one fused one (the table's choice for this shape and GPU)
+    assert [kw["PART"] if "PART" in kw else "fwd" for kw in launches] in (["fwd", "dq", "dkdv"], ["fwd", "both"])
     for kw in launches:
         assert (kw["D_A"], kw["D_B"], kw["DV_A"], kw["DV_B"]) == (*K.tiles.split(d), *K.tiles.split(dv))
 
