@@ -45,8 +45,9 @@ Selection rules (the only ones; `_applies` and `config()` implement them, `check
 
 Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
-loads + selects instead of a tile gather, R > 1 only), and for dK/dV with 16-bit inputs BIAS_T (rel_h and
-rel_w copied with queries contiguous before the launch; fp32 gets them anyway, with its K-major copies).
+loads + selects instead of a tile gather, R > 1 only), for dK/dV with 16-bit inputs BIAS_T (rel_h and
+rel_w copied with queries contiguous before the launch; fp32 gets them anyway, with its K-major copies), and
+for dQ SPLIT_ROW (one-row key tiles of 32 columns or more taken as two halves: half the live score tiles).
 MAXNREG (a register cap for ptxas, so one more CTA fits per SM) is honoured by direct launches only (Inductor's
 codegen of a triton_op's kernels drops it); no row sets it: capped dK/dV / dQ / forward configs with one more CTA
 per SM were within -3% .. +20% of the rows below on the H200 (benchmarks/DECISIONS.md).
@@ -307,7 +308,7 @@ CONDITION_KEYS = dict(fp32=bool, prec=str, wide=bool, interpret=bool, min_d=int,
 PRECISIONS = ("none", "tf32", "tf32x3")
 _BLOCKS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "RH_SELECT", "MAXNREG")
 # kernel -> the config keys it takes (see "Keys of a config" above)
-CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS, dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",))
+CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS + ("SPLIT_ROW",), dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",))
 REASON_MAX = 110  # characters in a row's reason: one line of the table
 
 

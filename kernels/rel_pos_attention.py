@@ -312,6 +312,8 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         cfg_kv[key] == cfg_q[key] for key in ("num_warps", "num_stages"))
     wk_pad, r_kv = _tile(hk, wk, cfg_kv["BLOCK_N"])
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
+    # one-row dQ key tiles as two halves (configs.py SPLIT_ROW): only where each half is a whole dot (>= 16 keys)
+    split_row = cfg_q.get("SPLIT_ROW", False) and r_q == 1 and wk_pad >= 32
 
     dq = _empty(q.shape, q.dtype, q.device)
     dk = _empty(k.shape, k.dtype, k.device)
@@ -346,7 +348,8 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, **_chunks(d, dv_), PREC=prec, KMAJOR=kmajor,
             PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
             BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
-            RH_QW=rh_qw, RW_QW=rw_qw, RHT_QW=rht_qw, RWT_QW=rwt_qw, **_launch_options(cfg),
+            RH_QW=rh_qw, RW_QW=rw_qw, RHT_QW=rht_qw, RWT_QW=rwt_qw, SPLIT_ROW_Q=split_row,
+            **_launch_options(cfg),
         )
 
     n_kv, n_qb = triton.cdiv(hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])

@@ -59,3 +59,24 @@ def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
     # what ran is the class's configs: the blocks and warps fit.py recorded for it
     want = [(dict(launch.options)["num_warps"], dict(launch.options)["num_stages"]) for launch in launches]
     assert [(kw["num_warps"], kw["num_stages"]) for kw in ran] == want
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp32-high"])
+@pytest.mark.parametrize("b,grid,d", [(16, 64, 80), (12, 64, 64), (16, 32, 80)])
+@pytest.mark.parametrize("name", ["sm_90", "sm_86"])
+def test_gpu_dq_split_row_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
+    # dQ's SPLIT_ROW (each grid row as two key tiles) forced on over a class's rows, at SAM's global layers
+    dtype, prec, tol = MODES[mode]
+    before = torch.get_float32_matmul_precision()
+    monkeypatch.setenv("SAMHQ_FX_ARCH", name)
+    monkeypatch.setattr(K.configs, "OVERRIDES", {"dq": dict(BLOCK_N=grid, SPLIT_ROW=True)})
+    torch.set_float32_matmul_precision(prec)
+    try:
+        ran = []
+        real_launch = K._launch
+        monkeypatch.setattr(K, "_launch", lambda kernel, grid_, *a, **kw: ran.append(kw) or real_launch(
+            kernel, grid_, *a, **kw))
+        run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d + 1), tol)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert any(kw.get("SPLIT_ROW_Q") for kw in ran)

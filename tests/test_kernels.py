@@ -316,6 +316,56 @@ def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
     run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, dtype, seed=7), tol)
 
 
+def record_launches(monkeypatch) -> list[dict]:
+    """The keyword arguments (constexprs, launch options) of every kernel launch from now on, in order."""
+    launched, launch = [], K._launch
+
+    def record(kernel, grid, *args, **kwargs):
+        launched.append(kwargs)
+        launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(K, "_launch", record)
+    return launched
+
+
+# (batch, grid hk x wk, head dim, value dim, mode, rel terms as the query grid, fused launch): dQ's SPLIT_ROW
+# (one-row key tiles as two halves) with the upper half partly padding (20 -> 32, 40 -> 64) or none (32), head dims
+# in two chunks (80 = 64 + 16, 48 = 32 + 16), fp32's K-major key copy, the 4-D terms and the fused launch
+SPLIT_ROW = [
+    (2, 3, 20, 80, 80, "bf16", False, False),
+    (1, 2, 32, 64, 32, "fp32-high", False, False),
+    (2, 2, 40, 48, 48, "fp16", True, False),
+    (1, 3, 20, 64, 64, "bf16", True, True),
+    (1, 2, 24, 80, 80, "fp32-highest", False, True),
+]
+
+
+@pytest.mark.parametrize("b,hk,wk,d,dv,mode,grid,fused", SPLIT_ROW)
+def test_dq_split_row(b, hk, wk, d, dv, mode, grid, fused, monkeypatch, matmul_precision):
+    dtype, prec, tol = MODES[mode]
+    matmul_precision(prec)
+    same = dict(num_warps=4, num_stages=2)  # a fused launch needs dQ and dK/dV to agree on these (GPU rows differ)
+    monkeypatch.setattr(K.configs, "OVERRIDES", {"dq": dict(BLOCK_N=16, SPLIT_ROW=True, **same), "dkdv": same,
+                                                 "bwd": dict(FUSED=fused)})
+    launched = record_launches(monkeypatch)
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, hk * wk, hk, wk, d, dv, dtype, seed=13)
+    if grid:
+        rel_h, rel_w = grid_terms(rel_h, rel_w, hk, wk)
+    run_and_check(q, k, v, rel_h, rel_w, dout, tol)
+    parts = [kw["PART"] for kw in launched if "PART" in kw and kw["SPLIT_ROW_Q"]]
+    assert parts == (["both"] if fused else ["dq", "dkdv"])  # the split-row dQ ran, in every backward launch
+
+
+def test_dq_split_row_needs_wide_one_row_tiles(monkeypatch):
+    # a key tile of several grid rows (7x7: R > 1) or one row under 32 columns keeps the plain dQ loop
+    monkeypatch.setattr(K.configs, "OVERRIDES", {"dq": dict(BLOCK_N=16, SPLIT_ROW=True), "bwd": dict(FUSED=False)})
+    launched = record_launches(monkeypatch)
+    for hk, wk in ((7, 7), (3, 16)):
+        launched.clear()
+        run_and_check(*make_inputs(1, hk * wk, hk, wk, 32, 32, torch.bfloat16, seed=3), MODES["bf16"][2])
+        assert [kw["SPLIT_ROW_Q"] for kw in launched if "PART" in kw] == [False, False]
+
+
 # (batch, grid hk x wk, head dim, mode, key-tile target): R > 1 and R == 1 tiles, partial query blocks,
 # fp32 with and without the K-major copies, 16-bit with the bias copies (wk >= 17)
 FUSED = [
