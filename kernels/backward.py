@@ -178,9 +178,10 @@ def _dq_split_row(
     STORE_DELTA: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr,
 ):
     # _dq_program with one-row key tiles (R == 1) taken as two halves of WK_PAD // 2 columns each: the same
-    # FLOPs, half the [BLOCK_M, keys] fp32 tiles live at a time (scores, P, dP, dS and the two halves of rel_w
-    # and of d_rel_w's accumulator), which is what keeps ViT-H's dQ (head dim 64 + 16, 64x64 grids) out of
-    # register spills on the mma.sync GPUs (configs.py). d_rel_h[:, row] is the two halves' row sums added.
+    # FLOPs, half the [BLOCK_M, keys] fp32 tiles live at a time (scores, P, dP, dS), and rel_w's half tile
+    # loaded with each half instead of held for the whole loop, which is what keeps ViT-H's dQ (head dim
+    # 64 + 16, 64x64 grids) out of register spills on the mma.sync GPUs (configs.py; benchmarks/DECISIONS.md).
+    # d_rel_h[:, row] is the two halves' row sums added.
     HALF: tl.constexpr = WK_PAD // 2
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_A)
@@ -215,14 +216,8 @@ def _dq_split_row(
     if STORE_DELTA:  # for the dK/dV launch that follows
         tl.store(DELTA + b * sdl_b + offs_m, delta, mask=m_ok)
     lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
-    # rel_w bias, one [BLOCK_M, HALF] tile per half, the same for every grid row (log2 domain, lse folded in)
     rh_m = _rows(offs_m, srh_n, srh_h, RH_QW)
     rw_m = _rows(offs_m, srw_n, srw_h, RW_QW)
-    rw_lo = tl.load(RW + b * srw_b + rw_m[:, None] + col_lo[None, :] * srw_k,
-                    mask=m_ok[:, None] & ok_lo[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
-    rw_hi = tl.load(RW + b * srw_b + rw_m[:, None] + col_hi[None, :] * srw_k,
-                    mask=m_ok[:, None] & ok_hi[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
-
     dq = tl.zeros([BLOCK_M, D_A], tl.float32)
     if D_B > 0:
         dq_b = tl.zeros([BLOCK_M, D_B], tl.float32)
@@ -238,11 +233,13 @@ def _dq_split_row(
             if half == 0:
                 col = col_lo
                 n_ok = ok_lo
-                rw = rw_lo
             else:
                 col = col_hi
                 n_ok = ok_hi
-                rw = rw_hi
+            # rel_w bias for this half (log2 domain, lse folded in), the same tile every grid row: loaded again
+            # rather than held, two [BLOCK_M, HALF] fp32 tiles fewer live across the loop
+            rw = tl.load(RW + b * srw_b + rw_m[:, None] + col[None, :] * srw_k,
+                         mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
             j = kh * WK + col
             # kT: [D_A, HALF], vT: [DV_A, HALF] (+ the D_B / DV_B chunks)
             kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
