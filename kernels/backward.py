@@ -178,10 +178,10 @@ def _dq_split_row(
     STORE_DELTA: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr,
 ):
     # _dq_program with one-row key tiles (R == 1) taken as two halves of WK_PAD // 2 columns each: the same
-    # FLOPs, half the [BLOCK_M, keys] fp32 tiles live at a time (scores, P, dP, dS), and rel_w's half tile
-    # loaded with each half instead of held for the whole loop, which is what keeps ViT-H's dQ (head dim
-    # 64 + 16, 64x64 grids) out of register spills on the mma.sync GPUs (configs.py; benchmarks/DECISIONS.md).
-    # d_rel_h[:, row] is the two halves' row sums added.
+    # FLOPs, half the [BLOCK_M, keys] fp32 tiles live at a time (scores, P, dP, dS), and rel_w's bias tile loaded
+    # per half inside the loop, not held across it. That keeps ViT-H's dQ (head dim 64 + 16, 64x64 grids) from
+    # spilling registers on sm_80/86/89 (configs.py; benchmarks/DECISIONS.md). d_rel_h[:, row] is the two halves'
+    # row sums added.
     HALF: tl.constexpr = WK_PAD // 2
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_A)
@@ -236,8 +236,8 @@ def _dq_split_row(
             else:
                 col = col_hi
                 n_ok = ok_hi
-            # rel_w bias for this half (log2 domain, lse folded in), the same tile every grid row: loaded again
-            # rather than held, two [BLOCK_M, HALF] fp32 tiles fewer live across the loop
+            # rel_w bias for this half (log2 domain, lse folded in): the same tile every grid row, loaded here each
+            # time (from L1) so that two [BLOCK_M, HALF] fp32 tiles fewer are live across the loop
             rw = tl.load(RW + b * srw_b + rw_m[:, None] + col[None, :] * srw_k,
                          mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
             j = kh * WK + col

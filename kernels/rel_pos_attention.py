@@ -12,12 +12,13 @@ It is flash attention with the bias built on the fly: no N x N matrix ever reach
 The one idea that makes the bias cheap: every key tile is a whole number R of key-grid rows, with the
 row width padded to a power of two WK_PAD (BLOCK_N = R * WK_PAD; padded columns are masked keys). Then
   * the rel_w part of the bias, rel_w[i, n % WK_PAD], is the same for every key tile: it is loaded
-    once per query block, before the key loop;
+    once per query block, before the key loop (dQ's SPLIT_ROW loads it per half-row, to free registers);
   * the rel_h part is rel_h[i, kh0] for the whole tile when R == 1 (grids at least 64 wide: one
     [BLOCK_M] vector load per tile), or R such vectors placed by selects when R > 1 (narrow grids; a
     per-element gather there cost the forward 3x, configs.py);
   * in the backward, d_rel_w[i, :] is the plain elementwise sum of the dS tiles (R == 1) and
-    d_rel_h[i, kh0] is one row-sum of the tile, both owned by the program that owns query row i.
+    d_rel_h[i, kh0] is one row-sum of the tile (of its two halves with SPLIT_ROW), both owned by the
+    program that owns query row i.
 The price is the padding: a 48-wide grid runs 64-wide tiles (25% of the keys masked).
 
 Rooms: this file is the host side (what is launched, with which copies); the jitted kernels live in
