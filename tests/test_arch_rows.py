@@ -121,6 +121,18 @@ def test_sm89_takes_sm86_rows():
                                                                                    rows), case
 
 
+@pytest.mark.parametrize("name", list(arch.ARCHS))
+def test_vit_h_global_dq_splits_rows_on_mma_sync_classes(name):
+    # ViT-H's global layer (16 heads, 64x64 keys, head dim 80), bf16: dQ takes SPLIT_ROW on the classes whose plain dQ
+    # spills (mma.sync: at most 163 KB a CTA) and Hopper's plain dQ elsewhere; where it is set, the key tile is the one
+    # grid row of 64 the host needs to take it (rel_pos_attention.backward: R == 1, WK_PAD >= 32)
+    a = arch.ARCHS[name]
+    cfg = configs.config("dq", fp32=False, prec="none", wide=False, wk=64, rows=16 * 4096, interpret=False, d=80,
+                         smem=a.smem, cc=a.capability)
+    assert cfg.get("SPLIT_ROW", False) == (a.smem <= configs.SMEM_163KB), (name, cfg)
+    assert K.tiles.tile(64, 64, cfg["BLOCK_N"]) == (64, 1)
+
+
 def test_time_arch_rows_dry_run_lists_what_it_would_time():
     # benchmarks/tools/time_arch_rows.py without a GPU: each class's cells, the ones whose launches an earlier class
     # has marked "same" (sm_89 takes sm_86's), and what it would time with the GPU table's configs, not the
