@@ -3,7 +3,7 @@
 One kernel, `_bwd_kernel`, three ways to launch it (PART, a constexpr, so each is its own binary):
   "dq"    grid (query blocks, B)  owns a query block, loops over key tiles -> dq, d_rel_h, d_rel_w, and
                                   delta[i] = <dout[i], out[i]> for dK/dV (stored, when STORE_DELTA);
-                                  with SPLIT_ROW_Q, one-row key tiles as two halves (_dq_split_row)
+                                  with SPLIT_ROW_Q, one-row key tiles as two halves
   "dkdv"  grid (key tiles, B)     owns a key tile, loops over query blocks -> dk, dv (reads that delta)
   "both"  grid (key tiles + query blocks, B)   one launch: the first programs are dK/dV ones, the rest dQ
                                   ones; dK/dV programs then compute delta themselves, per query step
@@ -164,129 +164,6 @@ def _dkdv_program(
 
 
 @triton.jit
-def _dq_split_row(
-    pid_m, b,
-    Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
-    sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-    srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,
-    sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
-    sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
-    N_Q, qk_scale, scale,
-    HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    WK_PAD: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
-    DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
-    STORE_DELTA: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr,
-):
-    # _dq_program with one-row key tiles (R == 1) taken as two halves of WK_PAD // 2 columns each: the same
-    # FLOPs, half the [BLOCK_M, keys] fp32 tiles live at a time (scores, P, dP, dS), and rel_w's bias tile loaded
-    # per half inside the loop, not held across it. That keeps ViT-H's dQ (head dim 64 + 16, 64x64 grids) from
-    # spilling registers on sm_80/86/89 (configs.py; benchmarks/DECISIONS.md). d_rel_h[:, row] is the two halves'
-    # row sums added.
-    HALF: tl.constexpr = WK_PAD // 2
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_A)
-    offs_dv = tl.arange(0, DV_A)
-    if D_B > 0:
-        offs_d_b = D_A + tl.arange(0, D_B)
-    if DV_B > 0:
-        offs_dv_b = DV_A + tl.arange(0, DV_B)
-    m_ok = offs_m < N_Q
-    col_lo = tl.arange(0, HALF)
-    col_hi = HALF + tl.arange(0, HALF)
-    ok_lo = _col_ok(col_lo, WK, WK_PAD)
-    ok_hi = _col_ok(col_hi, WK, WK_PAD)
-
-    # q: [BLOCK_M, D_A], do, o: [BLOCK_M, DV_A] (+ the D_B / DV_B chunks)
-    q = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d[None, :] * sq_d,
-                mask=m_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    do = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv[None, :] * sdo_d,
-                 mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    o = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv[None, :] * so_d,
-                mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if D_B > 0:
-        q_b = tl.load(Q + b * sq_b + offs_m[:, None] * sq_n + offs_d_b[None, :] * sq_d,
-                      mask=m_ok[:, None] & (offs_d_b[None, :] < D), other=0.0)
-    if DV_B > 0:
-        do_b = tl.load(DO + b * sdo_b + offs_m[:, None] * sdo_n + offs_dv_b[None, :] * sdo_d,
-                       mask=m_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
-        o_b = tl.load(O + b * so_b + offs_m[:, None] * so_n + offs_dv_b[None, :] * so_d,
-                      mask=m_ok[:, None] & (offs_dv_b[None, :] < DV), other=0.0)
-        delta += tl.sum(o_b.to(tl.float32) * do_b.to(tl.float32), 1)
-    if STORE_DELTA:  # for the dK/dV launch that follows
-        tl.store(DELTA + b * sdl_b + offs_m, delta, mask=m_ok)
-    lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
-    rh_m = _rows(offs_m, srh_n, srh_h, RH_QW)
-    rw_m = _rows(offs_m, srw_n, srw_h, RW_QW)
-    dq = tl.zeros([BLOCK_M, D_A], tl.float32)
-    if D_B > 0:
-        dq_b = tl.zeros([BLOCK_M, D_B], tl.float32)
-    drw_lo = tl.zeros([BLOCK_M, HALF], tl.float32)
-    drw_hi = tl.zeros([BLOCK_M, HALF], tl.float32)
-    rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, 0, HK)  # prefetched one row ahead (_biased_scores)
-
-    for kh in range(0, HK):
-        rh = rh_next
-        rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, kh + 1, HK)
-        drh = tl.zeros([BLOCK_M], tl.float32)
-        for half in tl.static_range(2):
-            if half == 0:
-                col = col_lo
-                n_ok = ok_lo
-            else:
-                col = col_hi
-                n_ok = ok_hi
-            # rel_w bias for this half (log2 domain, lse folded in): the same tile every grid row, loaded here each
-            # time (from L1) so that two [BLOCK_M, HALF] fp32 tiles fewer are live across the loop
-            rw = tl.load(RW + b * srw_b + rw_m[:, None] + col[None, :] * srw_k,
-                         mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
-            j = kh * WK + col
-            # kT: [D_A, HALF], vT: [DV_A, HALF] (+ the D_B / DV_B chunks)
-            kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
-                         mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
-            vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
-                         mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
-            qk = _dot(q, kT, tl.zeros([BLOCK_M, HALF], tl.float32), PREC)
-            if D_B > 0:
-                kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
-                               mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
-                qk = _dot(q_b, kT_b, qk, PREC)
-            p = tl.math.exp2(qk * qk_scale + rw + rh[:, None])
-            p = tl.where(n_ok[None, :], p, 0.0)
-            dp = _dot(do, vT, tl.zeros([BLOCK_M, HALF], tl.float32), PREC)
-            if DV_B > 0:
-                vT_b = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv_b[:, None] * sv_d,
-                               mask=n_ok[None, :] & (offs_dv_b[:, None] < DV), other=0.0)
-                dp = _dot(do_b, vT_b, dp, PREC)
-            ds = p * (dp - delta[:, None])  # [BLOCK_M, HALF] fp32; 0 on masked keys
-            if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous (one grid row a tile)
-                dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh * WK_PAD + col, offs_d, D), dq, PREC)
-                if D_B > 0:
-                    dq_b = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh * WK_PAD + col, offs_d_b, D), dq_b, PREC)
-            else:
-                dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
-                if D_B > 0:
-                    dq_b = _dot(ds.to(kT_b.dtype), tl.trans(kT_b), dq_b, PREC)
-            drh += tl.sum(ds, 1)
-            if half == 0:
-                drw_lo += ds
-            else:
-                drw_hi += ds
-        tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh * sdrh_k, drh.to(DRH.dtype.element_ty), mask=m_ok)
-
-    dq = dq * scale
-    tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d[None, :] * sdq_d, dq.to(DQ.dtype.element_ty),
-             mask=m_ok[:, None] & (offs_d[None, :] < D))
-    if D_B > 0:
-        tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d_b[None, :] * sdq_d,
-                 (dq_b * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (offs_d_b[None, :] < D))
-    tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col_lo[None, :] * sdrw_k,
-             drw_lo.to(DRW.dtype.element_ty), mask=m_ok[:, None] & ok_lo[None, :])
-    tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col_hi[None, :] * sdrw_k,
-             drw_hi.to(DRW.dtype.element_ty), mask=m_ok[:, None] & ok_hi[None, :])
-
-
-@triton.jit
 def _dq_program(
     pid_m, b,
     Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
@@ -298,7 +175,7 @@ def _dq_program(
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
     DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr, RH_SELECT: tl.constexpr,
-    STORE_DELTA: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr,
+    STORE_DELTA: tl.constexpr, RH_QW: tl.constexpr, RW_QW: tl.constexpr, SPLIT_ROW: tl.constexpr,
 ):
     # Owns query block pid_m, loops over key tiles. d_rel_h / d_rel_w are per query row, so this program
     # reduces them itself: no atomics, fixed order.
@@ -337,65 +214,132 @@ def _dq_program(
     if STORE_DELTA:  # for the dK/dV launch that follows
         tl.store(DELTA + b * sdl_b + offs_m, delta, mask=m_ok)
     lse = tl.load(LSE + b * slse_b + offs_m * slse_n, mask=m_ok, other=0.0) * _LOG2E
-    # rel_w bias [BLOCK_M, BLOCK_N], same for every tile (log2 domain, lse folded in)
     rh_m = _rows(offs_m, srh_n, srh_h, RH_QW)
-    rw = tl.load(RW + b * srw_b + _rows(offs_m, srw_n, srw_h, RW_QW)[:, None] + col[None, :] * srw_k,
-                 mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
-
-    dq = tl.zeros([BLOCK_M, D_A], tl.float32)
-    if D_B > 0:
-        dq_b = tl.zeros([BLOCK_M, D_B], tl.float32)
-    if R == 1:
-        drw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    else:
-        drw = tl.zeros([BLOCK_M, WK_PAD], tl.float32)
-    rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
-    if R == 1:
-        rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, 0, HK)
-
-    for kh0 in range(0, HK, R):
-        kh = kh0 + row
-        n_ok = col_ok & (kh < HK)
-        j = kh * WK + col
-        # kT: [D_A, BLOCK_N], vT: [DV_A, BLOCK_N] (+ the D_B / DV_B chunks)
-        kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
-                     mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
-        vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
-                     mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
-        qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+    if SPLIT_ROW:
+        # R == 1 tiles as two halves of WK_PAD // 2 columns: the same FLOPs, half the [BLOCK_M, keys] fp32 tiles
+        # live at a time (scores, P, dP, dS), and rel_w's bias loaded per half inside the loop, not held across it.
+        # That keeps ViT-H's dQ (head dim 64 + 16, 64x64 grids) from spilling registers on sm_80/86/89 (configs.py;
+        # benchmarks/DECISIONS.md). d_rel_h[:, row] is the two halves' row sums added.
+        HALF: tl.constexpr = WK_PAD // 2
+        col_lo = tl.arange(0, HALF)
+        col_hi = HALF + tl.arange(0, HALF)
+        ok_lo = _col_ok(col_lo, WK, WK_PAD)
+        ok_hi = _col_ok(col_hi, WK, WK_PAD)
+        rw_m = _rows(offs_m, srw_n, srw_h, RW_QW)
+        dq = tl.zeros([BLOCK_M, D_A], tl.float32)
         if D_B > 0:
-            kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
-                           mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
-            qk = _dot(q_b, kT_b, qk, PREC)
-        s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, rh_m, srh_k, m_ok, kh0, kh,
-                                    HK, R, RH_SELECT)
-        p = tl.math.exp2(s)
-        p = tl.where(n_ok[None, :], p, 0.0)
-        dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
-        if DV_B > 0:
-            vT_b = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv_b[:, None] * sv_d,
-                           mask=n_ok[None, :] & (offs_dv_b[:, None] < DV), other=0.0)
-            dp = _dot(do_b, vT_b, dp, PREC)
-        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32; 0 on masked keys
-        if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous
-            dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d, D), dq, PREC)
-            if D_B > 0:
-                dq_b = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d_b, D), dq_b, PREC)
-        else:
-            dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
-            if D_B > 0:
-                dq_b = _dot(ds.to(kT_b.dtype), tl.trans(kT_b), dq_b, PREC)
+            dq_b = tl.zeros([BLOCK_M, D_B], tl.float32)
+        drw_lo = tl.zeros([BLOCK_M, HALF], tl.float32)
+        drw_hi = tl.zeros([BLOCK_M, HALF], tl.float32)
+        rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, 0, HK)  # prefetched one row ahead (_biased_scores)
+
+        for kh in range(0, HK):
+            rh = rh_next
+            rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, kh + 1, HK)
+            drh = tl.zeros([BLOCK_M], tl.float32)
+            for half in tl.static_range(2):
+                if half == 0:
+                    c = col_lo
+                    c_ok = ok_lo
+                else:
+                    c = col_hi
+                    c_ok = ok_hi
+                # rel_w bias for this half (log2 domain, lse folded in): the same tile every grid row, loaded here each
+                # time (from L1) so that two [BLOCK_M, HALF] fp32 tiles fewer are live across the loop
+                rw = tl.load(RW + b * srw_b + rw_m[:, None] + c[None, :] * srw_k,
+                             mask=m_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
+                j = kh * WK + c
+                # kT: [D_A, HALF], vT: [DV_A, HALF] (+ the D_B / DV_B chunks)
+                kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
+                             mask=c_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+                vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
+                             mask=c_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+                qk = _dot(q, kT, tl.zeros([BLOCK_M, HALF], tl.float32), PREC)
+                if D_B > 0:
+                    kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
+                                   mask=c_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
+                    qk = _dot(q_b, kT_b, qk, PREC)
+                p = tl.math.exp2(qk * qk_scale + rw + rh[:, None])
+                p = tl.where(c_ok[None, :], p, 0.0)
+                dp = _dot(do, vT, tl.zeros([BLOCK_M, HALF], tl.float32), PREC)
+                if DV_B > 0:
+                    vT_b = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv_b[:, None] * sv_d,
+                                   mask=c_ok[None, :] & (offs_dv_b[:, None] < DV), other=0.0)
+                    dp = _dot(do_b, vT_b, dp, PREC)
+                ds = p * (dp - delta[:, None])  # [BLOCK_M, HALF] fp32; 0 on masked keys
+                if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous (one grid row a tile)
+                    dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh * WK_PAD + c, offs_d, D), dq, PREC)
+                    if D_B > 0:
+                        dq_b = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh * WK_PAD + c, offs_d_b, D), dq_b, PREC)
+                else:
+                    dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
+                    if D_B > 0:
+                        dq_b = _dot(ds.to(kT_b.dtype), tl.trans(kT_b), dq_b, PREC)
+                drh += tl.sum(ds, 1)
+                if half == 0:
+                    drw_lo += ds
+                else:
+                    drw_hi += ds
+            tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh * sdrh_k, drh.to(DRH.dtype.element_ty), mask=m_ok)
+    else:
+        # rel_w bias [BLOCK_M, BLOCK_N], same for every tile (log2 domain, lse folded in)
+        rw = tl.load(RW + b * srw_b + _rows(offs_m, srw_n, srw_h, RW_QW)[:, None] + col[None, :] * srw_k,
+                     mask=m_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32) * _LOG2E - lse[:, None]
+
+        dq = tl.zeros([BLOCK_M, D_A], tl.float32)
+        if D_B > 0:
+            dq_b = tl.zeros([BLOCK_M, D_B], tl.float32)
         if R == 1:
-            # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
-            tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
-                     tl.sum(ds, 1).to(DRH.dtype.element_ty), mask=m_ok)
-            drw += ds
+            drw = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         else:
-            ds3 = tl.reshape(ds, [BLOCK_M, R, WK_PAD])
-            offs_r = kh0 + tl.arange(0, R)
-            tl.store(DRH + b * sdrh_b + offs_m[:, None] * sdrh_n + offs_r[None, :] * sdrh_k,
-                     tl.sum(ds3, 2).to(DRH.dtype.element_ty), mask=m_ok[:, None] & (offs_r[None, :] < HK))
-            drw += tl.sum(ds3, 1)
+            drw = tl.zeros([BLOCK_M, WK_PAD], tl.float32)
+        rh_next = tl.zeros([BLOCK_M], tl.float32)  # R == 1: rel_h prefetched one tile ahead (_biased_scores)
+        if R == 1:
+            rh_next = _rel_h_column(RH, b, srh_b, rh_m, srh_k, m_ok, 0, HK)
+
+        for kh0 in range(0, HK, R):
+            kh = kh0 + row
+            n_ok = col_ok & (kh < HK)
+            j = kh * WK + col
+            # kT: [D_A, BLOCK_N], vT: [DV_A, BLOCK_N] (+ the D_B / DV_B chunks)
+            kT = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d[:, None] * sk_d,
+                         mask=n_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+            vT = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv[:, None] * sv_d,
+                         mask=n_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+            qk = _dot(q, kT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+            if D_B > 0:
+                kT_b = tl.load(K + b * sk_b + j[None, :] * sk_n + offs_d_b[:, None] * sk_d,
+                               mask=n_ok[None, :] & (offs_d_b[:, None] < D), other=0.0)
+                qk = _dot(q_b, kT_b, qk, PREC)
+            s, rh_next = _biased_scores(qk, qk_scale, rw, rh_next, RH, b, srh_b, rh_m, srh_k, m_ok, kh0, kh,
+                                        HK, R, RH_SELECT)
+            p = tl.math.exp2(s)
+            p = tl.where(n_ok[None, :], p, 0.0)
+            dp = _dot(do, vT, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), PREC)
+            if DV_B > 0:
+                vT_b = tl.load(V + b * sv_b + j[None, :] * sv_n + offs_dv_b[:, None] * sv_d,
+                               mask=n_ok[None, :] & (offs_dv_b[:, None] < DV), other=0.0)
+                dp = _dot(do_b, vT_b, dp, PREC)
+            ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N] fp32; 0 on masked keys
+            if KMAJOR:  # fp32: the B operand of dQ from the copy with keys contiguous
+                dq = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d, D), dq, PREC)
+                if D_B > 0:
+                    dq_b = _dot(ds, _load_kmajor(KT, b, skt_b, skt_d, kh0 * WK_PAD + offs_n, offs_d_b, D), dq_b, PREC)
+            else:
+                dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, PREC)
+                if D_B > 0:
+                    dq_b = _dot(ds.to(kT_b.dtype), tl.trans(kT_b), dq_b, PREC)
+            if R == 1:
+                # d_rel_h[:, kh0] is the row-sum of this tile; d_rel_w accumulates elementwise
+                tl.store(DRH + b * sdrh_b + offs_m * sdrh_n + kh0 * sdrh_k,
+                         tl.sum(ds, 1).to(DRH.dtype.element_ty), mask=m_ok)
+                drw += ds
+            else:
+                ds3 = tl.reshape(ds, [BLOCK_M, R, WK_PAD])
+                offs_r = kh0 + tl.arange(0, R)
+                tl.store(DRH + b * sdrh_b + offs_m[:, None] * sdrh_n + offs_r[None, :] * sdrh_k,
+                         tl.sum(ds3, 2).to(DRH.dtype.element_ty), mask=m_ok[:, None] & (offs_r[None, :] < HK))
+                drw += tl.sum(ds3, 1)
 
     dq = dq * scale
     tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d[None, :] * sdq_d, dq.to(DQ.dtype.element_ty),
@@ -403,7 +347,12 @@ def _dq_program(
     if D_B > 0:
         tl.store(DQ + b * sdq_b + offs_m[:, None] * sdq_n + offs_d_b[None, :] * sdq_d,
                  (dq_b * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None] & (offs_d_b[None, :] < D))
-    if R == 1:
+    if SPLIT_ROW:
+        tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col_lo[None, :] * sdrw_k,
+                 drw_lo.to(DRW.dtype.element_ty), mask=m_ok[:, None] & ok_lo[None, :])
+        tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col_hi[None, :] * sdrw_k,
+                 drw_hi.to(DRW.dtype.element_ty), mask=m_ok[:, None] & ok_hi[None, :])
+    elif R == 1:
         tl.store(DRW + b * sdrw_b + offs_m[:, None] * sdrw_n + col[None, :] * sdrw_k,
                  drw.to(DRW.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
     else:
@@ -430,7 +379,7 @@ def _bwd_kernel(
     R_Q: tl.constexpr, BLOCK_M_Q: tl.constexpr, RH_SELECT_Q: tl.constexpr,
     RH_QW: tl.constexpr = 0, RW_QW: tl.constexpr = 0,  # query grid width where a term's rows are (h, w) dims
     RHT_QW: tl.constexpr = 0, RWT_QW: tl.constexpr = 0,  # the same for what dK/dV reads (0 with BIAS_T copies)
-    SPLIT_ROW_Q: tl.constexpr = False,  # dQ takes each grid row as two key tiles (_dq_split_row; R_Q == 1 only)
+    SPLIT_ROW_Q: tl.constexpr = False,  # dQ takes each grid row as two key tiles (_dq_program; R_Q == 1 only)
 ):
     # q, k: [B, N, D]  v, do, out: [B, N, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]  lse, delta: [B, N_Q]
     # (rel_h / rel_w with RH_QW / RW_QW > 0: [B, N_Q // QW, QW, K], rows at their own strides; tiles._rows)
@@ -462,16 +411,6 @@ def _bwd_kernel(
             HK, WK, D, DV, WK_PAD, R_KV, D_A, D_B, DV_A, DV_B, BLOCK_M_KV, PREC, KMAJOR, BIAS_T, RH_SELECT_KV,
             PART == "both", RHT_QW, RWT_QW,
         )
-    elif SPLIT_ROW_Q:
-        _dq_split_row(
-            pid_q, b, Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
-            sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
-            srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,
-            sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
-            sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
-            N_Q, qk_scale, scale,
-            HK, WK, D, DV, WK_PAD, D_A, D_B, DV_A, DV_B, BLOCK_M_Q, PREC, KMAJOR, PART == "dq", RH_QW, RW_QW,
-        )
     else:
         _dq_program(
             pid_q, b, Q, K, V, RH, RW, DO, O, LSE, DELTA, DQ, DRH, DRW, KT,
@@ -481,5 +420,5 @@ def _bwd_kernel(
             sdq_b, sdq_n, sdq_d, sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k, skt_b, skt_d,
             N_Q, qk_scale, scale,
             HK, WK, D, DV, WK_PAD, R_Q, D_A, D_B, DV_A, DV_B, BLOCK_M_Q, PREC, KMAJOR, RH_SELECT_Q,
-            PART == "dq", RH_QW, RW_QW,
+            PART == "dq", RH_QW, RW_QW, SPLIT_ROW_Q,
         )
