@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_kernels import K, MODES, make_inputs, run_and_check
+from test_kernels import K, MODES, make_inputs, record_launches, run_and_check
 
 try:
     from samhq_fx.kernels import arch, fit
@@ -35,10 +35,9 @@ def _poison(monkeypatch):
 @pytest.mark.parametrize("mode", ["bf16", "fp32-high", "fp32-highest"])
 @pytest.mark.parametrize("b,grid,d", SAM)
 @pytest.mark.parametrize("name", [a for a in arch.ARCHS if a != "sm_90"])  # sm_90's: tests/test_kernels.py
-def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
+def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch, matmul_precision):
     dtype, prec, tol = MODES[mode]
     real = arch.of(torch.device("cuda"))
-    before = torch.get_float32_matmul_precision()
     shape = fit.Shape(b, grid * grid, grid, grid, d, d)
     fp32_prec = "highest" if dtype != torch.float32 else prec
     launches = fit.launches(arch.ARCHS[name], dtype, fp32_prec, shape)
@@ -47,15 +46,9 @@ def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
         pytest.skip(f"{name}'s launches do not fit this GPU ({real.name}): {why}")
     monkeypatch.setenv("SAMHQ_FX_ARCH", name)
     assert K._target(torch.device("cuda")) is arch.ARCHS[name]
-    torch.set_float32_matmul_precision(prec)
-    try:
-        ran = []
-        real_launch = K._launch
-        monkeypatch.setattr(K, "_launch", lambda kernel, grid_, *a, **kw: ran.append(kw) or real_launch(
-            kernel, grid_, *a, **kw))
-        run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d), tol)
-    finally:
-        torch.set_float32_matmul_precision(before)
+    matmul_precision(prec)
+    ran = record_launches(monkeypatch)
+    run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d), tol)
     # what ran is the class's configs: the blocks and warps fit.py recorded for it
     want = [(dict(launch.options)["num_warps"], dict(launch.options)["num_stages"]) for launch in launches]
     assert [(kw["num_warps"], kw["num_stages"]) for kw in ran] == want
@@ -64,21 +57,14 @@ def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
 @pytest.mark.parametrize("mode", ["bf16", "fp32-high"])
 @pytest.mark.parametrize("b,grid,d", [(16, 64, 80), (12, 64, 64), (16, 32, 80)])
 @pytest.mark.parametrize("name", ["sm_90", "sm_86"])
-def test_gpu_dq_split_row_at_sam_shapes(name, b, grid, d, mode, monkeypatch):
+def test_gpu_dq_split_row_at_sam_shapes(name, b, grid, d, mode, monkeypatch, matmul_precision):
     # dQ's SPLIT_ROW (each grid row as two key tiles) forced on over a class's rows, at SAM's global layers
     dtype, prec, tol = MODES[mode]
-    before = torch.get_float32_matmul_precision()
     monkeypatch.setenv("SAMHQ_FX_ARCH", name)
     # 64 queries / 2 stages: fp32's 128-query rows with rel_w loaded in the loop need 238-279 KB on sm_90
     monkeypatch.setattr(K.configs, "OVERRIDES", {"dq": dict(BLOCK_N=grid, BLOCK_M=64, num_warps=4, num_stages=2,
                                                             SPLIT_ROW=True)})
-    torch.set_float32_matmul_precision(prec)
-    try:
-        ran = []
-        real_launch = K._launch
-        monkeypatch.setattr(K, "_launch", lambda kernel, grid_, *a, **kw: ran.append(kw) or real_launch(
-            kernel, grid_, *a, **kw))
-        run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d + 1), tol)
-    finally:
-        torch.set_float32_matmul_precision(before)
+    matmul_precision(prec)
+    ran = record_launches(monkeypatch)
+    run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d + 1), tol)
     assert any(kw.get("SPLIT_ROW_Q") for kw in ran)

@@ -110,6 +110,18 @@ def run_and_check(q, k, v, rel_h, rel_w, dout, tol, scale=None):
     return errs, got
 
 
+def record_launches(monkeypatch) -> list[dict]:
+    """The keyword arguments (constexprs, launch options) of every kernel launch from now on, in order."""
+    launched, launch = [], K._launch
+
+    def record(kernel, grid, *args, **kwargs):
+        launched.append(kwargs)
+        launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(K, "_launch", record)
+    return launched
+
+
 # ---------------------------------------------------------------------------------------------
 # Interpreter-sized correctness tests (CPU in CI; also run on GPU)
 # ---------------------------------------------------------------------------------------------
@@ -178,28 +190,12 @@ SPLIT = [
 def test_split_head_dims(b, hk, wk, d, dv, mode, monkeypatch, matmul_precision, split_head_dim):
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
-    launches = []
-    real = torch.library.wrap_triton
-    monkeypatch.setattr(torch.library, "wrap_triton", lambda kern: _Record(real(kern), launches))
+    launches = record_launches(monkeypatch)
     run_and_check(*make_inputs(b, hk * wk, hk, wk, d, dv, dtype, seed=d + dv + wk), tol)
     # forward, then dQ and dK/dV in split launches or one fused one (the table's choice for this shape and GPU)
     assert [kw["PART"] if "PART" in kw else "fwd" for kw in launches] in (["fwd", "dq", "dkdv"], ["fwd", "both"])
     for kw in launches:
         assert (kw["D_A"], kw["D_B"], kw["DV_A"], kw["DV_B"]) == (*K.tiles.split(d), *K.tiles.split(dv))
-
-
-class _Record:
-    """A wrap_triton launcher that also records each launch's keyword arguments (the constexprs)."""
-
-    def __init__(self, launcher, log):
-        self.launcher, self.log = launcher, log
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.log.append(kwargs)
-            return self.launcher[grid](*args, **kwargs)
-
-        return launch
 
 
 @pytest.mark.parametrize("grid", [(3, 7), (5, 9)])  # R > 1 and R == 1 key tiles
@@ -314,18 +310,6 @@ def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
     monkeypatch.setattr(K.configs, "OVERRIDES", {kname: dict(BLOCK_N=64, RH_SELECT=True) for kname in ("fwd", "dkdv", "dq")})
     run_and_check(*make_inputs(2, 49, 7, 7, 64, 64, dtype, seed=6), tol)
     run_and_check(*make_inputs(1, 80, 4, 20, 64, 64, dtype, seed=7), tol)
-
-
-def record_launches(monkeypatch) -> list[dict]:
-    """The keyword arguments (constexprs, launch options) of every kernel launch from now on, in order."""
-    launched, launch = [], K._launch
-
-    def record(kernel, grid, *args, **kwargs):
-        launched.append(kwargs)
-        launch(kernel, grid, *args, **kwargs)
-
-    monkeypatch.setattr(K, "_launch", record)
-    return launched
 
 
 # (batch, grid hk x wk, head dim, value dim, mode, rel terms as the query grid, fused launch): dQ's SPLIT_ROW
