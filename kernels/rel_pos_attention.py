@@ -133,6 +133,36 @@ def _launch(kernel, grid, *args, **kwargs):
     torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
+class _Plan:
+    """What every call of one signature (_plan) shares: block configs, tile geometry, constexprs, grids."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _plan(build, *ts) -> _Plan:
+    """build(*ts, target), cached per signature: the inputs' shapes, strides and dtypes, the GPU class, torch's fp32
+    matmul precision and the head-dim chunking (everything build reads), for the config table in use. A call with
+    symbolic sizes (a trace with dynamic shapes) builds its plan afresh."""
+    target = _target(ts[0].device)
+    key = (build, target, torch.get_float32_matmul_precision(), tiles.SPLIT_HEAD_DIM,
+           *[(t.shape, t.stride(), t.dtype) for t in ts])
+    try:
+        hit = _PLANS.get(key)
+    except TypeError:  # a symbolic size does not hash
+        return build(*ts, target)
+    if hit is None or hit[0] is not configs.TABLE or hit[1] is not configs.OVERRIDES:
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        hit = _PLANS[key] = (configs.TABLE, configs.OVERRIDES, build(*ts, target))
+    return hit[2]
+
+
+# signature -> (the table and overrides it was built from, plan): the host's per-call Python (configs, head-dim
+# chunks, strides) was an eighth of the eager op's wall time at SAM-B's windows (benchmarks/README.md, eager op)
+_PLANS: dict[tuple, tuple] = {}
+
+
 def _chunks(d: int, dv: int) -> dict:
     """The kernels' head-dim constexprs: D and DV each as one or two power-of-two chunks (tiles.split)."""
     (d_a, d_b), (dv_a, dv_b) = tiles.split(d), tiles.split(dv)
@@ -217,13 +247,6 @@ def _rel_strides(t):
     return (sb, sh, sw, sk), wq
 
 
-def _grad_strides(t):
-    """(batch, row, key) strides of a freshly allocated (contiguous) rel-pos gradient."""
-    (sb, _, sn, sk), qw = _rel_strides(t)
-    assert qw == 0, "gradients are allocated contiguous"
-    return sb, sn, sk
-
-
 def _empty(shape, dtype, device):
     t = torch.empty(shape, dtype=dtype, device=device)
     if _POISON_OUTPUTS:
@@ -232,7 +255,26 @@ def _empty(shape, dtype, device):
 
 
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
-    """None if the kernels handle these inputs; else a short reason (the caller then uses the reference)."""
+    """None if the kernels handle these inputs; else a short reason (the caller then uses the reference). Asked on
+    every call of the op: the answer is kept per shapes, dtypes and devices."""
+    try:
+        key = tuple([(t.shape, t.dtype, t.device) for t in (q, k, v, rel_h, rel_w)])
+        return _REASONS[key]
+    except (KeyError, TypeError):  # not asked yet, or a symbolic size
+        reason = _unsupported_reason(q, k, v, rel_h, rel_w)
+    try:
+        if len(_REASONS) > 4096:
+            _REASONS.clear()
+        _REASONS[key] = reason
+    except TypeError:
+        pass
+    return reason
+
+
+_REASONS: dict[tuple, str | None] = {}
+
+
+def _unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     ts = (q, k, v, rel_h, rel_w)
     if any(t.dim() != 3 for t in (q, k, v)) or any(t.dim() not in (3, 4) for t in (rel_h, rel_w)):
         return "expected q, k, v of rank 3 and rel_h, rel_w of rank 3 or 4"
@@ -268,44 +310,48 @@ def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     return None
 
 
+def _fwd_plan(q, k, v, rel_h, rel_w, target: arch.Arch) -> _Plan:
+    b, n_q, d = q.shape
+    dv = v.shape[2]
+    hk, wk = rel_h.shape[-1], rel_w.shape[-1]
+    prec = _dot_precision(q.dtype)
+    (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
+    cfg = _config("fwd", q.dtype, prec, _pad(d), _pad(dv), wk, b * n_q, target)
+    wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
+    kmajor = _kmajor(q.dtype, wk, max(_pad(d), _pad(dv)))
+    consts = dict(HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, **_chunks(d, dv), BLOCK_M=cfg["BLOCK_M"], PREC=prec,
+                  KMAJOR=kmajor, RH_SELECT=cfg.get("RH_SELECT", False), RH_QW=rh_qw, RW_QW=rw_qw,
+                  **_launch_options(cfg))
+    return _Plan(grid=(triton.cdiv(n_q, cfg["BLOCK_M"]), b), hk=hk, wk=wk, wk_pad=wk_pad, r=r, kmajor=kmajor,
+                 rel_strides=(*rh_s, *rw_s), consts=consts)
+
+
 def forward(q, k, v, rel_h, rel_w, scale: float):
     """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk] (each term may also
     be [B, Hq, Wq, K], the query grid as two dims: read at its strides, not copied).
 
     Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
     """
-    b, n_q, d = q.shape
-    dv = v.shape[2]
-    hk, wk = rel_h.shape[-1], rel_w.shape[-1]
-    (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
-    cfg = _config("fwd", q.dtype, _dot_precision(q.dtype), _pad(d), _pad(dv), wk, b * n_q, _target(q.device))
-    wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
-    kmajor = _kmajor(q.dtype, wk, max(_pad(d), _pad(dv)))
-    vt = _keys_kmajor(v, hk, wk, wk_pad, r) if kmajor else v  # unused unless KMAJOR
-    out = _empty((b, n_q, dv), q.dtype, q.device)
+    p = _plan(_fwd_plan, q, k, v, rel_h, rel_w)
+    b, n_q, _ = q.shape
+    vt = _keys_kmajor(v, p.hk, p.wk, p.wk_pad, p.r) if p.kmajor else v  # unused unless KMAJOR
+    out = _empty((b, n_q, v.shape[2]), q.dtype, q.device)
     lse = _empty((b, n_q), torch.float32, q.device)
-    grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), b)
     _launch(
-        _fwd_kernel, grid, q, k, v, vt, rel_h, rel_w, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1),
-        *rh_s, *rw_s, *out.stride(),
-        lse.stride(0),
-        n_q, scale * 1.4426950408889634,
-        HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, **_chunks(d, dv),
-        BLOCK_M=cfg["BLOCK_M"], PREC=_dot_precision(q.dtype), KMAJOR=kmajor,
-        RH_SELECT=cfg.get("RH_SELECT", False), RH_QW=rh_qw, RW_QW=rw_qw, **_launch_options(cfg),
+        _fwd_kernel, p.grid, q, k, v, vt, rel_h, rel_w, out, lse,
+        *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1), *p.rel_strides, *out.stride(),
+        lse.stride(0), n_q, scale * 1.4426950408889634, **p.consts,
     )
     return out, lse
 
 
-def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
-    """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
+def _bwd_plan(q, k, v, rel_h, rel_w, dout, out, lse, target: arch.Arch) -> _Plan:
+    # dout, out, lse are not read here: they are in the plan's key because the launches pass their strides
     b, n_q, d = q.shape
-    dv_ = v.shape[2]
+    dv = v.shape[2]
     hk, wk = rel_h.shape[-1], rel_w.shape[-1]
     prec = _dot_precision(q.dtype)
-    d_pad, dv_pad = _pad(d), _pad(dv_)
-    target = _target(q.device)
+    d_pad, dv_pad = _pad(d), _pad(dv)
     cfg_kv = _config("dkdv", q.dtype, prec, d_pad, dv_pad, wk, b * n_q, target)
     cfg_q = _config("dq", q.dtype, prec, d_pad, dv_pad, wk, b * n_q, target)
     # one launch needs one num_warps / num_stages for both kinds of program
@@ -315,7 +361,28 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     _, r_q = _tile(hk, wk, cfg_q["BLOCK_N"])
     # one-row dQ key tiles as two halves (configs.py SPLIT_ROW): only where each half is a whole dot (>= 16 keys)
     split_row = cfg_q.get("SPLIT_ROW", False) and r_q == 1 and wk_pad >= 32
+    kmajor = _kmajor(q.dtype, wk, max(d_pad, dv_pad))
+    # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
+    # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged.
+    # The gradients d_rel_h / d_rel_w come out contiguous in the terms' shapes (3-D or 4-D)
+    bias_t = kmajor or (q.dtype != torch.float32 and cfg_kv.get("BIAS_T", False))
+    (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
+    consts = dict(HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, **_chunks(d, dv), PREC=prec, KMAJOR=kmajor,
+                  R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
+                  BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
+                  RH_QW=rh_qw, RW_QW=rw_qw, SPLIT_ROW_Q=split_row)
+    return _Plan(hk=hk, wk=wk, wk_pad=wk_pad, r_q=r_q, kmajor=kmajor, bias_t=bias_t, fused=fused,
+                 bm_kv=cfg_kv["BLOCK_M"], n_kv=triton.cdiv(hk, r_kv), n_qb=triton.cdiv(n_q, cfg_q["BLOCK_M"]),
+                 rel_strides=(*rh_s, *rw_s),
+                 # d_rel_h, d_rel_w: allocated contiguous in the terms' shapes, read as (batch, row, key)
+                 grad_strides=(n_q * hk, hk, 1, n_q * wk, wk, 1),
+                 consts=consts, options_kv=_launch_options(cfg_kv), options_q=_launch_options(cfg_q))
 
+
+def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
+    """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
+    p = _plan(_bwd_plan, q, k, v, rel_h, rel_w, dout, out, lse)
+    b, n_q, _ = q.shape
     dq = _empty(q.shape, q.dtype, q.device)
     dk = _empty(k.shape, k.dtype, k.device)
     dv = _empty(v.shape, v.dtype, v.device)
@@ -323,45 +390,32 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     drw = _empty(rel_w.shape, rel_w.dtype, rel_w.device)
     delta = _empty((b, n_q), torch.float32, q.device)  # [B, Nq] fp32, written by dQ (split launches only)
 
-    kmajor = _kmajor(q.dtype, wk, max(d_pad, dv_pad))
-    # dK/dV reads the bias transposed ([keys, queries] tiles): give it copies with queries contiguous,
-    # passed as [B, N_Q padded, Hk] / [B, N_Q padded, Wk] views so the kernel's stride arithmetic is unchanged.
-    # The gradients d_rel_h / d_rel_w come out contiguous in the terms' shapes (3-D or 4-D)
-    bias_t = kmajor or (q.dtype != torch.float32 and cfg_kv.get("BIAS_T", False))
-
     def kv_copies():  # dK/dV's operands: (qT, doT, rel_h^T, rel_w^T); the originals where unused
-        bm = cfg_kv["BLOCK_M"]
-        return (_queries_kmajor(q, bm) if kmajor else q, _queries_kmajor(dout, bm) if kmajor else dout,
-                _queries_kmajor(rel_h, bm).transpose(1, 2) if bias_t else rel_h,
-                _queries_kmajor(rel_w, bm).transpose(1, 2) if bias_t else rel_w)
+        bm = p.bm_kv
+        return (_queries_kmajor(q, bm) if p.kmajor else q, _queries_kmajor(dout, bm) if p.kmajor else dout,
+                _queries_kmajor(rel_h, bm).transpose(1, 2) if p.bias_t else rel_h,
+                _queries_kmajor(rel_w, bm).transpose(1, 2) if p.bias_t else rel_w)
 
-    (rh_s, rh_qw), (rw_s, rw_qw) = _rel_strides(rel_h), _rel_strides(rel_w)
-
-    def launch(part, grid, qt, dot, rh_t, rw_t, kt, cfg):
+    def launch(part, grid, qt, dot, rh_t, rw_t, kt, options):
         (rht_s, rht_qw), (rwt_s, rwt_qw) = _rel_strides(rh_t), _rel_strides(rw_t)
         _launch(
             _bwd_kernel, grid, q, k, v, rel_h, rel_w, rh_t, rw_t, dout, out, lse, delta, dq, dk, dv, drh, drw, qt, dot, kt,
-            *q.stride(), *k.stride(), *v.stride(), *rh_s, *rw_s, *rht_s, *rwt_s,
+            *q.stride(), *k.stride(), *v.stride(), *p.rel_strides, *rht_s, *rwt_s,
             *dout.stride(), *out.stride(), *lse.stride(), delta.stride(0),
-            *dq.stride(), *dk.stride(), *dv.stride(), *_grad_strides(drh), *_grad_strides(drw),
+            *dq.stride(), *dk.stride(), *dv.stride(), *p.grad_strides,
             qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1),
             n_q, scale * 1.4426950408889634, scale,
-            HK=hk, WK=wk, D=d, DV=dv_, WK_PAD=wk_pad, **_chunks(d, dv_), PREC=prec, KMAJOR=kmajor,
-            PART=part, R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
-            BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
-            RH_QW=rh_qw, RW_QW=rw_qw, RHT_QW=rht_qw, RWT_QW=rwt_qw, SPLIT_ROW_Q=split_row,
-            **_launch_options(cfg),
+            PART=part, RHT_QW=rht_qw, RWT_QW=rwt_qw, **p.consts, **options,
         )
 
-    n_kv, n_qb = triton.cdiv(hk, r_kv), triton.cdiv(n_q, cfg_q["BLOCK_M"])
-    kt = _keys_kmajor(k, hk, wk, wk_pad, r_q) if kmajor else k  # dQ's K-major copy
-    if fused:
-        launch("both", (n_kv + n_qb, b), *kv_copies(), kt, cfg_kv)
+    kt = _keys_kmajor(k, p.hk, p.wk, p.wk_pad, p.r_q) if p.kmajor else k  # dQ's K-major copy
+    if p.fused:
+        launch("both", (p.n_kv + p.n_qb, b), *kv_copies(), kt, p.options_kv)
     else:
         # dQ first: it writes delta for dK/dV. Each launch's copies are released before the next one's,
         # so the two sets never add up in the peak (same stream: the caching allocator reuses the memory
         # only after the launch has read it)
-        launch("dq", (n_qb, b), q, dout, rel_h, rel_w, kt, cfg_q)
+        launch("dq", (p.n_qb, b), q, dout, rel_h, rel_w, kt, p.options_q)
         del kt
-        launch("dkdv", (n_kv, b), *kv_copies(), k, cfg_kv)
+        launch("dkdv", (p.n_kv, b), *kv_copies(), k, p.options_kv)
     return dq, dk, dv, drh, drw

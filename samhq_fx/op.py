@@ -286,6 +286,25 @@ def fused_op(triton_op: bool):
 
 
 def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
+    """Raise a clear error for inputs the op cannot take. Every call asks; a signature that passed is not checked
+    again (the checks read only types, shapes, dtypes and devices)."""
+    try:
+        key = (type(scale), *[(type(t), t.shape, t.dtype, t.device) for t in (q, k, v, rel_h, rel_w)])
+        if key in _CHECKED:
+            return
+    except (AttributeError, TypeError):  # not tensors, or a symbolic size: checked below, not kept
+        key = None
+    _check_signature(q, k, v, rel_h, rel_w, scale)
+    if key is not None:
+        if len(_CHECKED) > 4096:
+            _CHECKED.clear()
+        _CHECKED.add(key)
+
+
+_CHECKED: set[tuple] = set()
+
+
+def _check_signature(q, k, v, rel_h, rel_w, scale) -> None:
     named = {"q": q, "k": k, "v": v, "rel_h": rel_h, "rel_w": rel_w}
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
