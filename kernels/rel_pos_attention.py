@@ -61,9 +61,15 @@ import os
 import torch
 import triton
 
-from . import arch, configs, tiles
+from . import arch, configs, launcher, tiles
 from .backward import _bwd_kernel
 from .forward import _fwd_kernel
+
+try:  # False inside op.py's direct-launch block: real tensors, no trace, so launches may skip wrap_triton
+    from torch._library.triton import is_wrap_triton_enabled as _wrap_triton_enabled
+except ImportError:  # pragma: no cover - older torch: always through wrap_triton and JITFunction.run
+    def _wrap_triton_enabled() -> bool:
+        return True
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -128,16 +134,22 @@ def _target(device: torch.device) -> arch.Arch:
     return arch.of(device) or arch.DEFAULT
 
 
-def _launch(kernel, grid, *args, **kwargs):
-    """Every kernel launch goes through here (kernels/fit.py records them on meta tensors instead)."""
-    torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+def _launch(kernel, grid, *args, cache: dict | None = None, **kwargs):
+    """Every kernel launch goes through here (kernels/fit.py records them on meta tensors instead). cache: the
+    launch site's compiled kernels in its call plan (_plan), for launches outside any trace (launcher.py)."""
+    if cache is not None and launcher.ENABLED and not _INTERPRET and not _wrap_triton_enabled():
+        launcher.launch(kernel, grid, cache, args, kwargs)
+    else:
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
 class _Plan:
-    """What every call of one signature (_plan) shares: block configs, tile geometry, constexprs, grids."""
+    """What every call of one signature (_plan) shares: block configs, tile geometry, constexprs, grids, and per
+    launch site the compiled kernels (launcher.py)."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
+        self.compiled = {"fwd": {}, "dq": {}, "dkdv": {}, "both": {}}
 
 
 def _plan(build, *ts) -> _Plan:
@@ -340,7 +352,7 @@ def forward(q, k, v, rel_h, rel_w, scale: float):
     _launch(
         _fwd_kernel, p.grid, q, k, v, vt, rel_h, rel_w, out, lse,
         *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1), *p.rel_strides, *out.stride(),
-        lse.stride(0), n_q, scale * 1.4426950408889634, **p.consts,
+        lse.stride(0), n_q, scale * 1.4426950408889634, cache=p.compiled["fwd"], **p.consts,
     )
     return out, lse
 
@@ -405,7 +417,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
             *dq.stride(), *dk.stride(), *dv.stride(), *p.grad_strides,
             qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1),
             n_q, scale * 1.4426950408889634, scale,
-            PART=part, RHT_QW=rht_qw, RWT_QW=rwt_qw, **p.consts, **options,
+            PART=part, RHT_QW=rht_qw, RWT_QW=rwt_qw, cache=p.compiled[part], **p.consts, **options,
         )
 
     kt = _keys_kmajor(k, p.hk, p.wk, p.wk_pad, p.r_q) if p.kmajor else k  # dQ's K-major copy

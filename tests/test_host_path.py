@@ -1,15 +1,23 @@
 """Tests for the op's host path: what it keeps per call signature (kernels/rel_pos_attention.py `_plan`, the kernels'
-`unsupported_reason`, the op's input checks) is rebuilt when anything it read changes, and never hides an error.
+`unsupported_reason`, the op's input checks) is rebuilt when anything it read changes, and never hides an error; and
+the direct launches of compiled kernels (kernels/launcher.py), whose bookkeeping runs here against a stand-in kernel
+(the first launch of a key through JITFunction.run, later ones through the compiled binary with the constexprs
+appended in parameter order, a new binary per pointer alignment, Triton's launch hooks honoured). That real Triton
+binaries give the same bits both ways is a GPU test (test_kernels.py, test_gpu_direct_launch_bits).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 try:
+    from samhq_fx.kernels import launcher
     from samhq_fx.kernels import rel_pos_attention as K
 except ImportError:  # `python -m pytest` from the repo root
+    from kernels import launcher
     from kernels import rel_pos_attention as K
 from samhq_fx import op
 
@@ -60,3 +68,61 @@ def test_input_checks_kept_only_for_signatures_that_passed():
             op._check_inputs(q, k, v.double(), rh, rw, 0.25)
         with pytest.raises(TypeError, match="scale"):
             op._check_inputs(*good, "0.25")
+
+
+@pytest.fixture
+def stub_driver(monkeypatch):
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 1234)
+    monkeypatch.setattr(launcher, "driver", SimpleNamespace(active=active))
+
+
+class _Kernel:
+    """Stands in for a JITFunction: params (name, default) and kernel[grid](...) returning a compiled kernel."""
+
+    def __init__(self):
+        self.params = [SimpleNamespace(name=n, default=d) for n, d in
+                       (("X", None), ("n", None), ("BLOCK", None), ("FLAG", False))]
+        self.jit_launches, self.binary_launches = [], []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            return SimpleNamespace(run=lambda *a: self.binary_launches.append(a),
+                                   function=f"fn{len(self.jit_launches)}", packed_metadata="meta")
+
+        return run
+
+
+@pytest.fixture
+def stub_driver(monkeypatch):
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 1234)
+    monkeypatch.setattr(launcher, "driver", SimpleNamespace(active=active))
+
+
+def test_second_launch_of_a_key_calls_the_binary_with_constexprs_in_order(stub_driver):
+    kernel, cache, x = _Kernel(), {}, torch.zeros(8)
+    launcher.launch(kernel, (3, 2), cache, (x, 5), dict(BLOCK=16, num_warps=4))
+    assert len(kernel.jit_launches) == 1 and not kernel.binary_launches
+    launcher.launch(kernel, (3, 2), cache, (x, 5), dict(BLOCK=16, num_warps=4))
+    assert len(kernel.jit_launches) == 1
+    # grid padded to 3 dims, the stream, the binary, no launch metadata or hooks, then every argument in order
+    # (FLAG from its default; num_warps is a launch option, not an argument)
+    assert kernel.binary_launches == [(3, 2, 1, 1234, "fn1", "meta", None, None, None, x, 5, 16, False)]
+
+
+def test_another_pointer_alignment_compiles_again(stub_driver):
+    kernel, cache = _Kernel(), {}
+    buf = torch.zeros(64)
+    launcher.launch(kernel, (1,), cache, (buf[:8], 5), dict(BLOCK=16))
+    launcher.launch(kernel, (1,), cache, (buf[1:9], 5), dict(BLOCK=16))  # 4 bytes past a 16-byte boundary
+    assert len(kernel.jit_launches) == 2 and not kernel.binary_launches
+    launcher.launch(kernel, (1,), cache, (buf[4:12], 5), dict(BLOCK=16))  # 16 bytes in: aligned again
+    assert len(kernel.jit_launches) == 2 and kernel.binary_launches[0][4] == "fn1"
+
+
+def test_launch_hooks_take_every_launch_through_jit(stub_driver, monkeypatch):
+    kernel, cache, x = _Kernel(), {}, torch.zeros(8)
+    launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
+    monkeypatch.setattr(launcher.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
+    assert len(kernel.jit_launches) == 2 and not kernel.binary_launches

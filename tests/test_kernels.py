@@ -30,7 +30,7 @@ try:  # installed package (pytest entry point, editable install)
     from samhq_fx.kernels import rel_pos_attention as K
 except ImportError:  # `python -m pytest` from the repo root: samhq_fx/ there has no kernels/
     from kernels import rel_pos_attention as K
-from samhq_fx import reference
+from samhq_fx import op, reference
 
 from helpers import grid_terms
 
@@ -541,6 +541,45 @@ def test_gpu_backward_deterministic(b, grid, d, mode, matmul_precision):
     g2 = K.backward(dout, q, k, v, rh, rw, out, lse, scale)
     for name, a, c in zip(NAMES[2:], g1, g2):
         assert torch.equal(a, c), f"{name} differs between runs"
+
+
+@pytest.mark.gpu
+# windows (one fused backward launch in bf16), a global layer (split dQ / dK/dV launches), a split head dim with
+# K-major copies (fp32), packed q / k / v views
+@pytest.mark.parametrize("b,grid,d,layout,mode", [
+    (96, 14, 64, "contiguous", "bf16"), (12, 64, 64, "contiguous", "bf16"), (12, 32, 80, "transposed", "fp32-high"),
+    (96, 14, 64, "qkv", "bf16")])
+def test_gpu_direct_launch_bits(b, grid, d, layout, mode, matmul_precision, monkeypatch):
+    # launches outside a trace (the eager op's and the opaque op's: kernels/launcher.py) give JITFunction.run's bits,
+    # on a signature's first call (through JITFunction.run) and its later ones (its cached binaries), and with a
+    # pointer 2-4 bytes off 16-byte alignment (another binary for the same signature)
+    monkeypatch.setattr(K.launcher, "ENABLED", True)
+    dtype, prec, _ = MODES[mode]
+    matmul_precision(prec)
+    scale = d ** -0.5
+    ts = make_inputs(b, grid * grid, grid, grid, d, d, dtype, layout=layout, seed=3)
+
+    def call(q, k, v, rh, rw, dout):
+        out, lse = K.forward(q, k, v, rh, rw, scale)
+        return (out, lse, *K.backward(dout, q, k, v, rh, rw, out, lse, scale))
+
+    def same(got, want):
+        for name, g, w in zip(NAMES, got, want):
+            assert torch.equal(g, w), name
+
+    variants = [ts]
+    if layout == "contiguous":
+        q = ts[0]
+        off = torch.empty(q.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(q.shape).copy_(q)
+        assert off.data_ptr() % 16 != 0 and off.stride() == q.stride()
+        variants.append((off, *ts[1:]))
+    for inputs in variants:
+        want = call(*inputs)  # wrap_triton -> JITFunction.run
+        with op._direct_triton_launch():
+            same(call(*inputs), want)  # the signature's first direct call: through JITFunction.run
+            same(call(*inputs), want)  # its binaries
+    plan = K._plan(K._fwd_plan, *ts[:5])
+    assert len(plan.compiled["fwd"]) == len(variants)  # one binary per alignment, both taken directly
 
 
 def test_config_lookups_are_cached_per_table_and_overrides(monkeypatch):

@@ -8,7 +8,8 @@ Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 window
 batch 1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the
 host's issue rate and the GPU's work overlap as in a training loop). GPU time: the sum of the kernels' durations per
 call (torch.profiler, CUPTI). `--profile` adds cProfile's top host functions of the same loop. A call is
-host-bound when wall > GPU time.
+host-bound when wall > GPU time. Each row says whether the kernels were launched directly (SAMHQ_FX_DIRECT_LAUNCH=1,
+kernels/launcher.py) or through Triton's JITFunction.run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import torch
 
 import samhq_fx
+from samhq_fx.kernels import launcher
 
 SHAPES = {"global": (12, 64, 64), "windows": (300, 14, 14)}  # (batch * heads, key-grid rows, columns)
 
@@ -77,7 +79,8 @@ def main(argv=None) -> None:
         wall = min(wall_ms(ts, dout, args.iters) for _ in range(3))
         rows.append(dict(shape=name, dtype=args.dtype, wall_ms=round(wall, 4), gpu_ms=round(gpu, 4),
                          ratio=round(wall / gpu, 3), launches=launches, gpu=torch.cuda.get_device_name(),
-                         torch=torch.__version__, triton=__import__("triton").__version__))
+                         torch=torch.__version__, triton=__import__("triton").__version__,
+                         direct_launch=launcher.ENABLED))
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
