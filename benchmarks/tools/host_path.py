@@ -1,8 +1,8 @@
 """The op's host work per call, without a GPU: what `samhq_fx.rel_pos_attention` does in Python around its launches.
 
-    python benchmarks/tools/host_path.py [--iters 300] [--json OUT.json]
+    python benchmarks/tools/host_path.py [--iters 300] [--out FILE.jsonl]
 
-Results: benchmarks/results/host_path.jsonl.
+Results: benchmarks/results/host_path.jsonl (rows appended; --out elsewhere).
 
 Method: SAM-B's windows layer (300 = 25 windows x 12 heads, 14x14 keys, head dim 64, bf16) on CPU tensors, with the
 kernel launches replaced by a no-op (kernels/rel_pos_attention._launch) and the kernels' CPU gate opened
@@ -17,14 +17,16 @@ The allocations and the bias copies run as CPU work here (on a GPU they are laun
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernels import: their CPU gate
 
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # benchmarks/: common
+import common  # noqa: E402
 from samhq_fx import op  # noqa: E402
 from samhq_fx.kernels import rel_pos_attention as K  # noqa: E402
 
@@ -46,7 +48,7 @@ def us_per_call(f, iters: int) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=300)
-    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--out", default=os.path.join(common.RESULTS_DIR, "host_path.jsonl"), help="JSON lines to append to")
     args = ap.parse_args(argv)
     K._launch = lambda *a, **kw: None
     op._kernel_skip_reason = lambda *ts: K.unsupported_reason(*ts)  # CPU tensors take the kernels' host path
@@ -68,11 +70,10 @@ def main(argv=None) -> None:
         "op checks": lambda: op._check_inputs(*det, scale),
         "op fwd + bwd": op_call,  # autograd Function, checks, fallback guard, both host functions
     }
-    rows = [dict(part=name, us=round(us_per_call(f, args.iters), 1), shape="windows", dtype="bf16",
-                 torch=torch.__version__, triton=__import__("triton").__version__) for name, f in parts.items()]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    meta = common.row_meta(common.env_info(), torch.device("cpu"))
+    rows = [dict(meta, part=name, us=round(us_per_call(f, args.iters), 1), shape="windows", dtype="bf16",
+                 cpus=os.cpu_count()) for name, f in parts.items()]
+    common.append_rows(args.out, rows)
     for r in rows:
         print(f"{r['part']:14s} {r['us']:8.1f} us")
 
