@@ -60,10 +60,16 @@ def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch, matmul
 def test_gpu_dq_split_row_at_sam_shapes(name, b, grid, d, mode, monkeypatch, matmul_precision):
     # dQ's SPLIT_ROW (each grid row as two key tiles) forced on over a class's rows, at SAM's global layers
     dtype, prec, tol = MODES[mode]
+    real = arch.of(torch.device("cuda"))  # before SAMHQ_FX_ARCH names another class
     monkeypatch.setenv("SAMHQ_FX_ARCH", name)
     # 64 queries / 2 stages: fp32's 128-query rows with rel_w loaded in the loop need 238-279 KB on sm_90
     monkeypatch.setattr(K.configs, "OVERRIDES", {"dq": dict(BLOCK_N=grid, BLOCK_M=64, num_warps=4, num_stages=2,
                                                             SPLIT_ROW=True)})
+    launches = fit.launches(arch.ARCHS[name], dtype, prec if dtype == torch.float32 else "highest",
+                            fit.Shape(b, grid * grid, grid, grid, d, d))
+    why = next((bt.misfit for bt in fit.build_all([(launch, real) for launch in launches]) if bt.misfit), None)
+    if why:  # the forced 64-query rows are not the table's: on a 99 KB GPU some need more shared memory than it has
+        pytest.skip(f"{name}'s launches with SPLIT_ROW forced do not fit this GPU ({real.name}): {why}")
     matmul_precision(prec)
     ran = record_launches(monkeypatch)
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d + 1), tol)
