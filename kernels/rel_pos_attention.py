@@ -400,7 +400,9 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
     dv = _empty(v.shape, v.dtype, v.device)
     drh = _empty(rel_h.shape, rel_h.dtype, rel_h.device)
     drw = _empty(rel_w.shape, rel_w.dtype, rel_w.device)
-    delta = _empty((b, n_q), torch.float32, q.device)  # [B, Nq] fp32, written by dQ (split launches only)
+    # delta: [B, Nq] fp32, written by the dQ launch for the dK/dV launch; a fused launch's programs compute it
+    # themselves and never touch DELTA, so it gets lse's pointer instead of an allocation
+    delta = lse if p.fused else _empty((b, n_q), torch.float32, q.device)
 
     def kv_copies():  # dK/dV's operands: (qT, doT, rel_h^T, rel_w^T); the originals where unused
         bm = p.bm_kv
