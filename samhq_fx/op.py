@@ -287,7 +287,10 @@ def fused_op(triton_op: bool):
 
 def _check_inputs(q, k, v, rel_h, rel_w, scale) -> None:
     """Raise a clear error for inputs the op cannot take. Every call asks; a signature that passed is not checked
-    again (the checks read only types, shapes, dtypes and devices)."""
+    again (the checks read only types, shapes, dtypes and devices). Not while Dynamo traces the call: the lookup would
+    specialize every size (and guard on the set), so a dynamic batch would recompile per value."""
+    if torch.compiler.is_compiling():
+        return _check_signature(q, k, v, rel_h, rel_w, scale)
     try:
         key = (type(scale), *[(type(t), t.shape, t.dtype, t.device) for t in (q, k, v, rel_h, rel_w)])
         if key in _CHECKED:

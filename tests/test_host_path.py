@@ -58,6 +58,18 @@ def test_unsupported_reason_is_kept_per_signature():
     assert "head dim" in K.unsupported_reason(*bad)  # from the cache: the same answer
 
 
+def test_input_checks_traced_without_the_memo_keep_a_dynamic_batch_dynamic():
+    # under Dynamo the kept-signature lookup would specialize every size: one frame for every batch size here
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    f = torch.compile(lambda *ts: op.rel_pos_attention(*ts, scale=0.25), backend=counter, dynamic=True)
+    for b in (2, 3, 4, 5):
+        f(*_inputs(b=b))
+    assert counter.frame_count == 1
+
+
 def test_input_checks_kept_only_for_signatures_that_passed():
     good = _inputs()
     op._check_inputs(*good, 0.25)
