@@ -12,10 +12,12 @@ ones call that binary's launcher as JITFunction.run does last.
 
 Off unless SAMHQ_FX_DIRECT_LAUNCH=1: the bits of these launches against JITFunction.run's are checked by a GPU test
 (tests/test_kernels.py, test_gpu_direct_launch_bits) that has not run on a GPU yet; the CPU tests cover the
-bookkeeping only (tests/test_launcher.py).
+bookkeeping only (tests/test_host_path.py).
 
 Where Triton is asked to watch launches (`triton.knobs.runtime.launch_enter_hook` / `launch_exit_hook`, set by its
-profiler) every launch goes through JITFunction.run, so the hooks see them all.
+profiler) or a kernel has pre-run hooks, every launch goes through JITFunction.run, so the hooks see them all; so
+do all launches on a Triton whose launcher call was not read (other than 3.6 to 3.9). Triton knobs that pick another
+binary (`TRITON_DEBUG`, instrumentation) are read at a launch site's first launch, not again.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime import driver
 
-
-ENABLED = os.environ.get("SAMHQ_FX_DIRECT_LAUNCH", "0") not in ("", "0")
+# the Tritons whose CompiledKernel.run call (grid, stream, function, metadata, launch metadata, hooks, arguments with
+# the constexprs in place) this module makes as JITFunction.run does: read in 3.6 and 3.9
+_CALL_LAYOUT_READ = (3, 6) <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= (3, 9)
+ENABLED = os.environ.get("SAMHQ_FX_DIRECT_LAUNCH", "0") not in ("", "0") and _CALL_LAYOUT_READ
 
 
 def _hooked() -> bool:
@@ -43,14 +48,15 @@ def launch(kernel, grid: tuple, cache: dict, args: tuple, kwargs: dict) -> None:
     device = driver.active.get_current_device()  # JITFunction.run's too: it compiles and launches for this one
     aligned = tuple([a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor)])
     hit = cache.get((device, aligned))
-    if hit is None or _hooked():
+    if hit is None or _hooked() or kernel.pre_run_hooks:
         compiled = kernel[grid](*args, **kwargs)
-        if hasattr(compiled, "result"):  # Triton 3.6 with async compilation hands back a future
-            compiled = compiled.result()
+        if compiled is None:  # a jit_cache_hook took the launch: nothing to keep
+            return
         consts = tuple(kwargs[p.name] if p.name in kwargs else p.default for p in kernel.params[len(args):])
-        cache[(device, aligned)] = (compiled.run, compiled.function, compiled.packed_metadata, consts)
+        # the CompiledKernel is kept with its handles: its module is unloaded when it is freed
+        cache[(device, aligned)] = (compiled, compiled.run, compiled.function, compiled.packed_metadata, consts)
         return
-    run, function, metadata, consts = hit
+    _, run, function, metadata, consts = hit
     grid_y = grid[1] if len(grid) > 1 else 1
     grid_z = grid[2] if len(grid) > 2 else 1
     # what JITFunction.run calls last, without launch metadata or hooks (none are set: _hooked)

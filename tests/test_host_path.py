@@ -22,10 +22,13 @@ except ImportError:  # `python -m pytest` from the repo root
 from samhq_fx import op
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels take CPU tensors only under the interpreter
+
+
 def _inputs(b=2, hk=3, wk=5, d=16, dtype=torch.float32):
     n = hk * wk
-    q, k, v = (torch.randn(b, n, d, dtype=dtype) for _ in range(3))
-    return q, k, v, torch.randn(b, n, hk, dtype=dtype), torch.randn(b, n, wk, dtype=dtype)
+    q, k, v, rel_h, rel_w = (torch.randn(b, n, c, dtype=dtype, device=DEVICE) for c in (d, d, d, hk, wk))
+    return q, k, v, rel_h, rel_w
 
 
 def test_plan_is_kept_per_signature_and_rebuilt_when_what_it_read_changes(monkeypatch):
@@ -82,23 +85,20 @@ def test_input_checks_kept_only_for_signatures_that_passed():
             op._check_inputs(*good, "0.25")
 
 
-@pytest.fixture
-def stub_driver(monkeypatch):
-    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 1234)
-    monkeypatch.setattr(launcher, "driver", SimpleNamespace(active=active))
-
-
 class _Kernel:
     """Stands in for a JITFunction: params (name, default) and kernel[grid](...) returning a compiled kernel."""
 
     def __init__(self):
         self.params = [SimpleNamespace(name=n, default=d) for n, d in
                        (("X", None), ("n", None), ("BLOCK", None), ("FLAG", False))]
-        self.jit_launches, self.binary_launches = [], []
+        self.jit_launches, self.binary_launches, self.pre_run_hooks = [], [], []
+        self.returns_binary = True
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.jit_launches.append((grid, args, kwargs))
+            if not self.returns_binary:
+                return None
             return SimpleNamespace(run=lambda *a: self.binary_launches.append(a),
                                    function=f"fn{len(self.jit_launches)}", packed_metadata="meta")
 
@@ -136,5 +136,21 @@ def test_launch_hooks_take_every_launch_through_jit(stub_driver, monkeypatch):
     kernel, cache, x = _Kernel(), {}, torch.zeros(8)
     launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
     monkeypatch.setattr(launcher.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
+    assert len(kernel.jit_launches) == 2 and not kernel.binary_launches
+
+
+def test_a_launch_no_binary_came_back_for_is_not_kept(stub_driver):
+    kernel, cache, x = _Kernel(), {}, torch.zeros(8)
+    kernel.returns_binary = False  # as JITFunction.run does where a jit_cache_hook took the launch
+    launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
+    launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
+    assert len(kernel.jit_launches) == 2 and not cache
+
+
+def test_pre_run_hooks_take_every_launch_through_jit(stub_driver):
+    kernel, cache, x = _Kernel(), {}, torch.zeros(8)
+    launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
+    kernel.pre_run_hooks.append(lambda *a, **kw: None)
     launcher.launch(kernel, (1,), cache, (x, 5), dict(BLOCK=16))
     assert len(kernel.jit_launches) == 2 and not kernel.binary_launches
