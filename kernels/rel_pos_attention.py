@@ -101,29 +101,12 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
             target: arch.Arch) -> dict:
     """Block config of one kernel for this shape class on the `target` GPU class (the table in configs.py);
     rows = batch * queries, d_pad / dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80).
-    80 runs the head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
+    80 runs the head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128.
+    A lookup walks the whole table in Python (~20 us a kernel on the H200's host): read once per call signature, in
+    its plan (_plan)."""
     d = max(d_pad, dv_pad)
-    key = (kernel, dtype, prec, d, wk, rows, target)
-    try:
-        hit = _CONFIGS.get(key)
-    except TypeError:  # a symbolic size (traced with dynamic shapes) does not hash: no cache
-        hit = key = None
-    if hit is None or hit[0] is not configs.TABLE or hit[1] is not configs.OVERRIDES:
-        cfg = configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk,
-                             rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
-        if key is not None:
-            if len(_CONFIGS) > 4096:
-                _CONFIGS.clear()
-            _CONFIGS[key] = hit = (configs.TABLE, configs.OVERRIDES, cfg)  # holds both, so their ids never recur
-        else:
-            return cfg
-    return dict(hit[2])
-
-
-# shape class -> (the table and overrides it was read from, config): a lookup walks the whole table in Python, ~20 us
-# a kernel on the H200's host (3 per backward call; benchmarks/DECISIONS.md, host path); a sweep or test that swaps
-# TABLE or OVERRIDES reads the table again
-_CONFIGS: dict[tuple, tuple] = {}
+    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk,
+                          rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
 
 
 _tile, _pad = tiles.tile, tiles.pad

@@ -174,7 +174,7 @@ def extras(workers: int | None) -> list[dict]:
     saved = (configs.OVERRIDES, tiles.SPLIT_HEAD_DIM)
     try:
         for name, mode, shape, overrides, split in cases:
-            configs.OVERRIDES = dict(overrides)  # a new object: the host's config cache is keyed by its identity
+            configs.OVERRIDES = dict(overrides)  # a new object: the host's call plans are keyed by its identity
             tiles.SPLIT_HEAD_DIM = split
             dtype, prec = MODES[mode]
             found = fit.launches(h, dtype, prec, shape)

@@ -587,9 +587,8 @@ def test_gpu_direct_launch_bits(b, grid, d, layout, mode, matmul_precision, monk
     assert len(plan.compiled["fwd"]) == len(variants)  # one binary per alignment
 
 
-def test_config_lookups_are_cached_per_table_and_overrides(monkeypatch):
-    # the host path reads a shape class's config once; a sweep or test that swaps the table or the overrides
-    # reads it again, and callers get their own copy
+def test_config_lookups_follow_table_and_overrides(monkeypatch):
+    # a sweep or test that swaps the table or the overrides gets their configs, and callers get their own copy
     args = ("dq", torch.bfloat16, "none", 64, 64, 64, 12 * 4096, K.arch.ARCHS["sm_86"])
     first = K._config(*args)
     first["BLOCK_M"] = -1
