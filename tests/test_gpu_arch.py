@@ -27,6 +27,16 @@ pytestmark = pytest.mark.gpu
 SAM = [(108, 14, 64), (300, 14, 64), (400, 14, 80), (12, 64, 64), (16, 64, 80), (12, 16, 64)]
 
 
+def skip_unless_fit(launches, real: arch.Arch, what: str) -> None:
+    """Skip the test where `launches` compile but do not fit the `real` GPU (shared memory, or tensor memory, which
+    Triton reports as OutOfResources); fail it where one does not compile."""
+    built = fit.build_all([(launch, real) for launch in launches])
+    assert not [bt.error for bt in built if bt.error and not bt.error.startswith("OutOfResources")]
+    why = next((bt.misfit for bt in built if bt.misfit), None)
+    if why:
+        pytest.skip(f"{what} do not fit this GPU ({real.name}): {why}")
+
+
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setattr(K, "_POISON_OUTPUTS", True)
@@ -41,13 +51,7 @@ def test_gpu_arch_rows_at_sam_shapes(name, b, grid, d, mode, monkeypatch, matmul
     shape = fit.Shape(b, grid * grid, grid, grid, d, d)
     fp32_prec = "highest" if dtype != torch.float32 else prec
     launches = fit.launches(arch.ARCHS[name], dtype, fp32_prec, shape)
-    built = fit.build_all([(launch, real) for launch in launches])
-    # a launch that does not compile fails the test; one that compiles but does not fit (shared memory, or tensor
-    # memory, which Triton reports as OutOfResources) skips it
-    assert not [bt.error for bt in built if bt.error and not bt.error.startswith("OutOfResources")]
-    why = next((bt.misfit for bt in built if bt.misfit), None)
-    if why:
-        pytest.skip(f"{name}'s launches do not fit this GPU ({real.name}): {why}")
+    skip_unless_fit(launches, real, f"{name}'s launches")
     monkeypatch.setenv("SAMHQ_FX_ARCH", name)
     assert K._target(torch.device("cuda")) is arch.ARCHS[name]
     matmul_precision(prec)
@@ -71,13 +75,8 @@ def test_gpu_dq_split_row_at_sam_shapes(name, b, grid, d, mode, monkeypatch, mat
                                                             SPLIT_ROW=True)})
     launches = fit.launches(arch.ARCHS[name], dtype, prec if dtype == torch.float32 else "highest",
                             fit.Shape(b, grid * grid, grid, grid, d, d))
-    built = fit.build_all([(launch, real) for launch in launches])
-    # a launch that does not compile fails the test; one that compiles but does not fit (shared memory, or tensor
-    # memory, which Triton reports as OutOfResources) skips it
-    assert not [bt.error for bt in built if bt.error and not bt.error.startswith("OutOfResources")]
-    why = next((bt.misfit for bt in built if bt.misfit), None)
-    if why:  # the forced 64-query rows are not the table's: on a 99 KB GPU some need more shared memory than it has
-        pytest.skip(f"{name}'s launches with SPLIT_ROW forced do not fit this GPU ({real.name}): {why}")
+    # the forced 64-query rows are not the table's: on a 99 KB GPU some need more shared memory than it has
+    skip_unless_fit(launches, real, f"{name}'s launches with SPLIT_ROW forced")
     matmul_precision(prec)
     ran = record_launches(monkeypatch)
     run_and_check(*make_inputs(b, grid * grid, grid, grid, d, d, dtype, seed=b + grid + d + 1), tol)
