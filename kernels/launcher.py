@@ -10,9 +10,9 @@ fixes every integer and constexpr argument, so a launch reads only the current d
 The first launch of each goes through JITFunction.run, which compiles or finds the binary and launches it; later
 ones call that binary's launcher as JITFunction.run does last.
 
-Off unless SAMHQ_FX_DIRECT_LAUNCH=1: the bits of these launches against JITFunction.run's are checked by a GPU test
-(tests/test_kernels.py, test_gpu_direct_launch_bits) that has not run on a GPU yet; the CPU tests cover the
-bookkeeping only (tests/test_host_path.py).
+On unless SAMHQ_FX_DIRECT_LAUNCH=0. tests/test_kernels.py (test_gpu_direct_launch_bits) checks on a GPU that these
+launches give JITFunction.run's bits, on first and later calls and with an unaligned pointer, and that later calls
+make no JIT call; tests/test_host_path.py checks the bookkeeping on CPU.
 
 Where Triton is asked to watch launches (`triton.knobs.runtime.launch_enter_hook` / `launch_exit_hook`, set by its
 profiler) or a kernel has pre-run hooks, every launch goes through JITFunction.run, so the hooks see them all; so
@@ -32,7 +32,7 @@ from triton.runtime import driver
 # the Tritons whose CompiledKernel.run call (grid, stream, function, metadata, launch metadata, hooks, arguments with
 # the constexprs in place) this module makes as JITFunction.run does: read in 3.6 and 3.9
 _CALL_LAYOUT_READ = (3, 6) <= tuple(int(x) for x in triton.__version__.split(".")[:2]) <= (3, 9)
-ENABLED = os.environ.get("SAMHQ_FX_DIRECT_LAUNCH", "0") not in ("", "0") and _CALL_LAYOUT_READ
+ENABLED = os.environ.get("SAMHQ_FX_DIRECT_LAUNCH", "1") != "0" and _CALL_LAYOUT_READ
 
 
 def _hooked() -> bool:

@@ -7,9 +7,9 @@ Results: benchmarks/results/eager_op.jsonl.
 Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 windows x 12 heads, 14x14), head dim 64,
 batch 1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the
 host's issue rate and the GPU's work overlap as in a training loop). GPU time: the sum of the kernels' durations per
-call (torch.profiler, CUPTI). `--profile` adds cProfile's top host functions of the same loop. A call is
-host-bound when wall > GPU time. Each row says whether the kernels were launched directly (SAMHQ_FX_DIRECT_LAUNCH=1,
-kernels/launcher.py) or through Triton's JITFunction.run.
+call (torch.profiler, CUPTI). `--profile` adds cProfile's top host functions of the same loop, by own and by
+cumulative time. A call is host-bound when wall > GPU time. Each row says whether the kernels were launched directly
+(kernels/launcher.py, the default) or through Triton's JITFunction.run (SAMHQ_FX_DIRECT_LAUNCH=0).
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main(argv=None) -> None:
             prof.disable()
             report.write(f"== {name}, {args.iters} calls\n")
             pstats.Stats(prof, stream=report).sort_stats("tottime").print_stats(25)
+            pstats.Stats(prof, stream=report).sort_stats("cumulative").print_stats(40)
     if args.profile:
         with open(args.profile, "w") as f:
             f.write(report.getvalue())
