@@ -58,6 +58,28 @@ def test_marker_gaps_and_busy_share():
     assert common.marker_gaps(recs[4:], 2) == [None, 10]  # a dropped prefix loses the first call only
 
 
+def test_peak_memory_replays_the_trace_to_its_peak():
+    import peak_memory
+
+    here = {"filename": __file__, "line": 1, "name": "f"}
+    inner = {"filename": peak_memory._TORCH_DIR + "/nn/functional.py", "line": 3, "name": "g"}
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [inner, here]},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": []},
+        {"action": "free_requested", "addr": 1, "size": 100},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 3, "size": 120, "frames": [here]},  # 1000 + 50 + 120: the peak
+        {"action": "free_completed", "addr": 9, "size": 40},  # a block from before the trace
+        {"action": "alloc", "addr": 4, "size": 30, "frames": [here]},  # 1130: below the peak
+    ]
+    peak, live = peak_memory.peak_of(trace, live_before=1000)
+    assert peak == 1170 and sorted(live) == [2, 3]
+    parts = peak_memory.breakdown(live, grads={2: 50})
+    assert parts == {"gradients": 50, f"{Path(__file__).name}:1 {Path(__file__).read_text().splitlines()[0][:80]}": 120}
+    assert peak_memory.site([inner]) == "(torch internals)"
+    assert peak_memory.site([inner, here, here]).endswith(f" < {Path(__file__).name}:1")
+
+
 def test_best_per_family_holds_samhq_to_the_fastest_inductor_row():
     rows = [dict(impl=i, compiler=i.split("-")[0], dtype="bf16", batch=4, status=st, ms=ms) for i, ms, st in
             [("inductor", 86.3, "OK"), ("inductor-ro", 77.8, "OK"), ("inductor-eager", 60.0, "ERROR"),
