@@ -645,11 +645,14 @@ def test_saved_activations_tool_splits_parameters_from_the_rest(tmp_path):
     # the memory-budget measurement: a smaller budget saves fewer non-parameter bytes, every block stays fused
     import saved_activations
 
-    rows = saved_activations.main(["--model", "tiny", "--batch", "2", "--budgets", "none,0.1",
+    rows = saved_activations.main(["--model", "tiny", "--batch", "2", "--budgets", "none,0.1", "--peers",
                                    "--out", str(tmp_path / "saved.jsonl")])
-    assert [r["budget"] for r in rows] == [None, 0.1]
-    assert all(r["fused"] == 2 for r in rows)
+    assert [(r["backend"], r["attn_implementation"], r["budget"]) for r in rows] == [
+        ("samhq", "eager", None), ("samhq", "eager", 0.1), ("aot_eager", "sdpa", None), ("aot_eager", "eager", None)]
+    assert [r["fused"] for r in rows] == [2, 2, 0, 0]
     assert 0 < rows[1]["saved_rest_mib"] < rows[0]["saved_rest_mib"]
+    # without the rewrite the eager class saves its softmax probabilities: more than samhq's op keeps
+    assert rows[3]["saved_rest_mib"] > rows[0]["saved_rest_mib"]
     assert common.load_rows(str(tmp_path / "saved.jsonl")) == rows
 
 

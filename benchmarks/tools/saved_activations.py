@@ -8,8 +8,11 @@ costs no memory) and the rest (activations and casts, which the backward's peak 
 partitioner chose, not a peak: on the GPU the step's peak adds the fixed state and the backward's temporaries.
 `--inductor` compiles the rest with Inductor (minutes on a CPU); by default aot_eager, which runs the same
 partitioner (min-cut, with the budget), though Inductor's recomputes more pointwise ops on its own.
-Appends one row per budget to benchmarks/results/saved_activations.jsonl (or --out), each starting with
-common.row_meta (commit, date, GPU, versions).
+`--peers` adds the builds samhq is held to: Inductor (or, without `--inductor`, aot_eager) with no rewrite, on HF's
+"sdpa" and "eager" attention classes (samhq's own rows use `--attn`'s). `--img` builds the model for another image
+size (benchmarks/image_size.py).
+Appends one row per budget (and per peer) to benchmarks/results/saved_activations.jsonl (or --out), each starting
+with common.row_meta (commit, date, GPU, versions).
 """
 
 from __future__ import annotations
@@ -53,35 +56,51 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--budgets", default="none,0.5,0.2", help="comma list of samhq.memory_budget values, or none")
     ap.add_argument("--inductor", action="store_true", help="compile with Inductor instead of aot_eager")
+    ap.add_argument("--img", type=int, default=None, help="image size (256, 512, 1024; default: the model's)")
+    ap.add_argument("--attn", default="eager", choices=("eager", "sdpa"), help="HF attention class of samhq's rows")
+    ap.add_argument("--peers", action="store_true", help="also count the builds without samhq, both classes")
     ap.add_argument("--out", default=None, help="append the rows to this .jsonl file (a directory: "
                                                 "<dir>/saved_activations.jsonl) instead of benchmarks/results/")
     args = ap.parse_args(argv)
     budgets = [None if b.strip() == "none" else float(b) for b in args.budgets.split(",") if b.strip()]
+    if args.img and args.model == "tiny":
+        ap.error("--img: the tiny model has its own image size; give it with --model vit-b, vit-l or vit-h")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meta = common.row_meta(common.env_info(), torch.device(device))
     path = common.results_path("saved_activations", args.out)
-    cfg = models.tiny_vision_config() if args.model == "tiny" else models.vision_config(args.model)
-    model = models.random_init_(SamHQVisionModel(cfg)).to(device)
-    size = cfg.image_size
-    x = torch.randn(args.batch, 3, size, size, device=device)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    runs = [("samhq", args.attn, b) for b in budgets]
+    if args.peers:
+        runs += [("inductor" if args.inductor else "aot_eager", attn, None) for attn in ("sdpa", "eager")]
     rows = []
-    for budget in budgets:
+    for backend, attn, budget in runs:
+        if args.model == "tiny":
+            cfg = models.tiny_vision_config(attn)
+        else:
+            cfg = models.vision_config(args.model, attn, **({"image_size": args.img} if args.img else {}))
+        torch.manual_seed(0)
+        model = models.random_init_(SamHQVisionModel(cfg)).to(device)
+        size = cfg.image_size
+        x = torch.randn(args.batch, 3, size, size, device=device)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        options = {"samhq.memory_budget": budget, "samhq.inductor": args.inductor}
+        if backend == "samhq":
+            kw = dict(backend="samhq", options={"samhq.memory_budget": budget, "samhq.inductor": args.inductor})
+        else:
+            kw = dict(backend=backend)
         start = time.perf_counter()
-        out, weights, rest = saved_bytes(torch.compile(model, backend="samhq", options=options), x, params,
+        out, weights, rest = saved_bytes(torch.compile(model, **kw), x, params,
                                          torch.bfloat16 if args.dtype == "bf16" else None)
         del out  # and with it what it saved, before the next compile
-        rows.append(dict(meta, model=args.model, dtype=args.dtype, batch=args.batch, device=device, budget=budget,
-                         inductor=args.inductor, saved_params_mib=round(weights / 2**20, 3),
-                         saved_rest_mib=round(rest / 2**20, 3), fused=torch._dynamo.utils.counters["samhq"]["fused"],
+        rows.append(dict(meta, model=args.model, img=size, dtype=args.dtype, batch=args.batch, device=device,
+                         backend=backend, attn_implementation=attn, budget=budget, inductor=args.inductor,
+                         saved_params_mib=round(weights / 2**20, 3), saved_rest_mib=round(rest / 2**20, 3),
+                         fused=torch._dynamo.utils.counters["samhq"]["fused"],
                          seconds=round(time.perf_counter() - start, 1)))
         common.append_rows(path, rows[-1:])
-        print(f"{args.model} {args.dtype} b{args.batch} budget {budget}: saved {rest / 2**20:.2f} MiB "
-              f"+ parameters {weights / 2**20:.2f} MiB; {rows[-1]['fused']} fused", flush=True)
+        print(f"{args.model} {size}px {args.dtype} b{args.batch} {backend} ({attn} class) budget {budget}: saved "
+              f"{rest / 2**20:.2f} MiB + parameters {weights / 2**20:.2f} MiB; {rows[-1]['fused']} fused", flush=True)
     return rows
 
 
