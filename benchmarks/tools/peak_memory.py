@@ -5,15 +5,22 @@
 Results: benchmarks/results/peak_memory.jsonl (or --out), rows starting with common.row_meta.
 
 Method: train_step.py's model, step and optimizer (SamHQVisionModel of --model at --img, a fixed random probe as the
-loss, AdamW fused), one implementation at a time in one process, each a fresh compile freed before the next. After
---warmup steps (the first compiles; the optimizer state exists from the first), one step is run phase by phase:
-forward, backward, optimizer, each under its own torch.cuda peak (reset_peak_memory_stats), with the allocated
-bytes at the boundaries. Then one more step under torch.cuda.memory._record_memory_history (Python frames): its
+loss, AdamW fused), one implementation at a time in one process, each a fresh compile freed before the next; default
+mode only (CUDA-graph and compiled-autograd builds are refused: a graph replay allocates nothing the trace could
+show, and compiled autograd needs train_step.py's compiled forward-backward). cuBLAS's workspaces, which it keeps
+for good, are allocated once before the first implementation (`warm_libraries`), so that every implementation's
+`base` holds them rather than the first one's figures. After --warmup steps (at least 1: the first compiles; the
+optimizer state exists from the first), one step is run phase by phase: forward, backward, optimizer, each under
+its own torch.cuda peak (reset_peak_memory_stats), with the allocated bytes at the boundaries; `peak_mib`, the
+highest of the three, is train_step.py's peak (the same maximum over whole steps, less what was allocated when
+its cell started). Then one more step under torch.cuda.memory._record_memory_history (Python frames): its
 allocation trace is replayed (`peak_of`) to the moment the allocated bytes peak, and the blocks live then are
-summed by what they are: parameters, optimizer state (both resident before the step), gradients (the tensors in
-`.grad` after it), and every other block by where it was allocated (`site`: the innermost frame outside torch,
-with its source line: for Inductor's code a line such as `buf3 = empty_strided_cuda(...)`). train_step.py's peak is
-the same maximum over whole steps, less what was allocated when its cell started.
+summed by what they are: parameters, optimizer state (both resident before the step), gradients (the blocks in
+`.grad` after it that were already live at the peak), and every other block by where it was allocated (`site`:
+the innermost frame outside torch, with its source line: for Inductor's code a line such as
+`buf3 = empty_strided_cuda(...)`). The trace gives each block's requested bytes, while the allocator counts it
+rounded up (to 512 B, a large one by up to 1 MiB when the rest of its cached block is not split off), so
+`traced_peak_mib` reads somewhat below `step_peak_mib`, torch.cuda's own peak of that same step.
 """
 
 from __future__ import annotations
@@ -31,13 +38,16 @@ import common  # noqa: E402
 import impls  # noqa: E402
 
 MIB = 2**20
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # the separator: not torchvision's files too
+MAX_ENTRIES = 1_000_000  # the history is a ring buffer: a trace this long may have lost its start
 
 
 def peak_of(trace: list[dict], live_before: int) -> tuple[int, dict[int, dict]]:
     """(peak allocated bytes, the trace's blocks live at that moment: addr -> its alloc event) of an allocation
     trace (torch.cuda.memory._snapshot()["device_traces"][i]); live_before: the bytes allocated when recording
     started, blocks the trace does not name (it can free them: they come off the count all the same)."""
+    # memory_allocated drops at free_requested, a block is reusable at free_completed; on one stream with no
+    # record_stream (this step) the two come together, so the count is the same either way
     now = peak = live_before
     at = -1
     for i, e in enumerate(trace):
@@ -47,18 +57,25 @@ def peak_of(trace: list[dict], live_before: int) -> tuple[int, dict[int, dict]]:
                 peak, at = now, i
         elif e["action"] == "free_completed":
             now -= e["size"]
+    return peak, live_at(trace, at + 1)
+
+
+def live_at(trace: list[dict], end: int) -> dict[int, dict]:
+    """addr -> its alloc event, of the trace's blocks live after its first `end` events."""
     live: dict[int, dict] = {}
-    for e in trace[:at + 1]:
+    for e in trace[:end]:
         if e["action"] == "alloc":
             live[e["addr"]] = e
         elif e["action"] == "free_completed":
             live.pop(e["addr"], None)
-    return peak, live
+    return live
 
 
 def site(frames: list[dict]) -> str:
     """Where a block was allocated: the innermost frame (frames: innermost first) outside torch's own files, as
     file:line and its source line (Inductor's generated code names its buffers there), and its caller's place."""
+    if not frames:
+        return "(no Python frames: C++, e.g. the autograd engine's thread)"
     ours = [f for f in frames if not f.get("filename", "").startswith((_TORCH_DIR, "<"))]
     if not ours:
         return "(torch internals)"
@@ -86,6 +103,18 @@ def breakdown(at_peak: dict[int, dict], grads: dict[int, int]) -> dict[str, int]
     return dict(sums)
 
 
+def warm_libraries(device) -> None:
+    """Allocate what cuBLAS / cuBLASLt keep once they have run (a workspace per handle and stream, in the caching
+    allocator: the main thread's for the forward, the autograd engine's for the backward; fp32 and bf16)."""
+    lin = torch.nn.Linear(64, 64, device=device)
+    x = torch.randn(16, 64, device=device)
+    for bf16 in (False, True):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            y = lin(x)
+        y.float().sum().backward()
+    torch.cuda.synchronize(device)
+
+
 def measure(name: str, args, device) -> dict:
     import train_step
 
@@ -110,7 +139,7 @@ def measure(name: str, args, device) -> dict:
         model.zero_grad(set_to_none=True)
         torch.compiler.cudagraph_mark_step_begin()
 
-    for _ in range(args.warmup):
+    for _ in range(max(1, args.warmup)):
         zero()
         forward().backward()
         opt_step()
@@ -132,16 +161,18 @@ def measure(name: str, args, device) -> dict:
             opt_step()
         torch.cuda.synchronize(device)
         phases[phase] = (torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device))
-    row["fixed_mib"] = round((start - base) / MIB, 1)  # parameters + optimizer state
+    row["fixed_mib"] = round((start - base) / MIB, 1)  # parameters, optimizer state, the inputs
     for phase, (peak, after) in phases.items():
         row[f"{phase}_peak_mib"] = round((peak - base) / MIB, 1)
         row[f"after_{phase}_mib"] = round((after - base) / MIB, 1)
     row["peak_phase"] = max(phases, key=lambda p: phases[p][0])
+    row["peak_mib"] = round((phases[row["peak_phase"]][0] - base) / MIB, 1)
 
     zero()
     torch.cuda.synchronize(device)
     live_before = torch.cuda.memory_allocated(device)
-    torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_ENTRIES, clear_history=True)
     try:
         forward().backward()
         opt_step()
@@ -149,12 +180,24 @@ def measure(name: str, args, device) -> dict:
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
+    row["step_peak_mib"] = round((torch.cuda.max_memory_allocated(device) - base) / MIB, 1)
     trace = snap["device_traces"][device.index or 0]
+    if len(trace) >= MAX_ENTRIES:
+        raise RuntimeError(f"{name}: the step's allocation trace filled all {MAX_ENTRIES} entries; its start is lost")
     peak, at_peak = peak_of(trace, live_before)
-    grads = storages(p.grad for p in model.parameters())
+    # a gradient's block is the one live at the end of the trace at its address: an activation freed before the
+    # backward can have had the same address at the peak
+    end = live_at(trace, len(trace))
+    grads = {a: n for a, n in storages(p.grad for p in model.parameters()).items()
+             if a in at_peak and at_peak[a] is end.get(a)}
     parts = breakdown(at_peak, grads)
+    params = sum(storages(model.parameters()).values())
+    state = sum(storages(t for s in opt.state.values() for t in s.values()
+                         if isinstance(t, torch.Tensor) and t.device.type == "cuda").values())
     row["traced_peak_mib"] = round((peak - base) / MIB, 1)
     row["live_before_mib"] = round((live_before - base) / MIB, 1)
+    row["parameters_mib"] = round(params / MIB, 1)
+    row["optimizer_state_mib"] = round(state / MIB, 1)
     row["at_peak_mib"] = {k: round(v / MIB, 2) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
     return row
 
@@ -171,14 +214,18 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--impls", default="samhq-sdpa,inductor,inductor-eager",
                     help="comma list of benchmarks/impls.py names (default mode: no CUDA graph pools)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3, help="steps before the measured ones (at least 1)")
     ap.add_argument("--top", type=int, default=8, help="sites printed per implementation")
     ap.add_argument("--out", default=None, help="append the rows to this .jsonl file instead of benchmarks/results/")
     args = ap.parse_args(argv)
     names = impls.parse(args.impls, ())
+    bad = [n for n in names if impls.IMPLS[n].mode or impls.IMPLS[n].compiled_autograd]
+    if bad:
+        raise SystemExit(f"peak_memory.py measures default-mode builds only (no CUDA graphs, compiled autograd): {bad}")
     if not torch.cuda.is_available():
         raise SystemExit("peak_memory.py needs a CUDA GPU (torch.cuda.memory history)")
     device = torch.device("cuda", torch.cuda.current_device())
+    warm_libraries(device)  # before any implementation's base
     meta = common.row_meta(common.env_info(), device)
     path = common.results_path("peak_memory", args.out)
     rows = []
@@ -187,10 +234,12 @@ def main(argv=None) -> list[dict]:
         common.reset_compile_state()  # the cell's compiled code, model and optimizer go with it
         rows.append(row)
         common.append_rows(path, [row])
-        print(f"== {name}: peak {row['traced_peak_mib']} MiB in the {row['peak_phase']} (fixed {row['fixed_mib']}, "
+        print(f"== {name}: peak {row['peak_mib']} MiB in the {row['peak_phase']} (fixed {row['fixed_mib']}, "
               f"after forward {row['after_forward_mib']}, after backward {row['after_backward_mib']}; phase peaks "
               f"{row['forward_peak_mib']} / {row['backward_peak_mib']} / {row['optimizer_peak_mib']})", flush=True)
-        print(f"   live before the step (parameters, optimizer state): {row['live_before_mib']} MiB")
+        print(f"   traced step: peak {row['step_peak_mib']} MiB, replayed {row['traced_peak_mib']} (requested bytes); "
+              f"live before it {row['live_before_mib']} MiB: parameters {row['parameters_mib']}, optimizer state "
+              f"{row['optimizer_state_mib']}, the rest the inputs and what the build keeps")
         for what, mib in list(row["at_peak_mib"].items())[:args.top]:
             print(f"   {mib:9.2f} MiB  {what}")
     return rows
