@@ -111,6 +111,21 @@ def stub_driver(monkeypatch):
     monkeypatch.setattr(launcher, "driver", SimpleNamespace(active=active))
 
 
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("0", False)])
+def test_direct_launches_are_on_unless_turned_off(monkeypatch, value, on):
+    import importlib
+
+    if value is None:
+        monkeypatch.delenv("SAMHQ_FX_DIRECT_LAUNCH", raising=False)
+    else:
+        monkeypatch.setenv("SAMHQ_FX_DIRECT_LAUNCH", value)
+    try:
+        assert importlib.reload(launcher).ENABLED is (on and launcher._CALL_LAYOUT_READ)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(launcher)
+
+
 def test_second_launch_of_a_key_calls_the_binary_with_constexprs_in_order(stub_driver):
     kernel, cache, x = _Kernel(), {}, torch.zeros(8)
     launcher.launch(kernel, (3, 2), cache, (x, 5), dict(BLOCK=16, num_warps=4))
