@@ -135,22 +135,31 @@ class _Plan:
         self.compiled = {"fwd": {}, "dq": {}, "dkdv": {}, "both": {}}
 
 
-def _plan(build, *ts) -> _Plan:
-    """build(*ts, target), cached per signature: the inputs' shapes, strides and dtypes, the GPU class, torch's fp32
-    matmul precision and the head-dim chunking (everything build reads), for the config table in use. A call with
-    symbolic sizes (a trace with dynamic shapes) builds its plan afresh."""
-    target = _target(ts[0].device)
-    key = (build, target, torch.get_float32_matmul_precision(), tiles.SPLIT_HEAD_DIM,
-           *[(t.shape, t.stride(), t.dtype) for t in ts])
+def _kept(cache: dict, key, compute):
+    """cache[key], computed by compute() the first time (a cache of more than 4096 entries starts over); a key that
+    does not hash (a symbolic size, in a trace with dynamic shapes) is computed afresh and not kept. What compute()
+    raises is raised again and nothing is kept."""
     try:
-        hit = _PLANS.get(key)
-    except TypeError:  # a symbolic size does not hash
-        return build(*ts, target)
-    if hit is None or hit[0] is not configs.TABLE or hit[1] is not configs.OVERRIDES:
-        if len(_PLANS) > 4096:
-            _PLANS.clear()
-        hit = _PLANS[key] = (configs.TABLE, configs.OVERRIDES, build(*ts, target))
-    return hit[2]
+        return cache[key]
+    except KeyError:
+        pass
+    except TypeError:
+        return compute()
+    value = compute()
+    if len(cache) > 4096:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _plan(build, *ts) -> _Plan:
+    """build(*ts, target), kept per signature: the inputs' shapes, strides and dtypes, the GPU class, torch's fp32
+    matmul precision and the head-dim chunking (everything build reads), for the config table in use (by identity:
+    each entry holds the table and overrides it was built from, so their ids cannot recur while it lives)."""
+    target = _target(ts[0].device)
+    key = (build, target, torch.get_float32_matmul_precision(), tiles.SPLIT_HEAD_DIM, id(configs.TABLE),
+           id(configs.OVERRIDES), *[(t.shape, t.stride(), t.dtype) for t in ts])
+    return _kept(_PLANS, key, lambda: (configs.TABLE, configs.OVERRIDES, build(*ts, target)))[2]
 
 
 # signature -> (the table and overrides it was built from, plan): the host's per-call Python (configs, head-dim
@@ -252,18 +261,8 @@ def _empty(shape, dtype, device):
 def unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     """None if the kernels handle these inputs; else a short reason (the caller then uses the reference). Asked on
     every call of the op: the answer is kept per shapes, dtypes and devices."""
-    try:
-        key = tuple([(t.shape, t.dtype, t.device) for t in (q, k, v, rel_h, rel_w)])
-        return _REASONS[key]
-    except (KeyError, TypeError):  # not asked yet, or a symbolic size
-        reason = _unsupported_reason(q, k, v, rel_h, rel_w)
-    try:
-        if len(_REASONS) > 4096:
-            _REASONS.clear()
-        _REASONS[key] = reason
-    except TypeError:
-        pass
-    return reason
+    key = tuple([(t.shape, t.dtype, t.device) for t in (q, k, v, rel_h, rel_w)])
+    return _kept(_REASONS, key, lambda: _unsupported_reason(q, k, v, rel_h, rel_w))
 
 
 _REASONS: dict[tuple, str | None] = {}
