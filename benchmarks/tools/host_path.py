@@ -10,9 +10,10 @@ kernel launches replaced by a no-op (kernels/rel_pos_attention._launch) and the 
 allocations, argument lists), the op's checks and the autograd Function around them. Mean of `iters` calls after 20
 warm-up calls, best of 7 (a shared CI host's noise lasts seconds; `op fwd + bwd` still varies by +-25% between runs).
 The blocks are the interpreter's (kernels/configs.py): at this shape two split backward launches and no bias
-copies; the H200's rows differ (tools/eager_op.py counts 7 GPU launches a call there, copies included). The allocations run as CPU work here (on a GPU
-they are the caching allocator's), so `backward` and `op fwd + bwd` include that CPU memory traffic. What Triton's
-launches cost is not in these rows: that needs a GPU (tools/eager_op.py).
+copies; the H200's rows differ (tools/eager_op.py counts 7 GPU launches a call there, copies included). The
+allocations run as CPU work here (on a GPU they are the caching allocator's), so `backward` and `op fwd + bwd`
+include that CPU memory traffic. What Triton's launches cost is not in these rows: that needs a GPU
+(tools/eager_op.py).
 """
 
 from __future__ import annotations
