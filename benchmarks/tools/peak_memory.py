@@ -8,7 +8,7 @@ Method: train_step.py's model, step and optimizer (SamHQVisionModel of --model a
 loss, AdamW fused), one implementation at a time in one process, each a fresh compile freed before the next; default
 mode only (CUDA-graph and compiled-autograd builds are refused: a graph replay allocates nothing the trace could
 show, and compiled autograd needs train_step.py's compiled forward-backward). cuBLAS's workspaces, which it keeps
-for good, are allocated once before the first implementation (`warm_libraries`), so that every implementation's
+for good, are allocated once before the first implementation (`common.warm_libraries`), so that every implementation's
 `base` holds them rather than the first one's figures. After --warmup steps (at least 1: the first compiles; the
 optimizer state exists from the first), one step is run phase by phase: forward, backward, optimizer, each under
 its own torch.cuda peak (reset_peak_memory_stats), with the allocated bytes at the boundaries; `peak_mib`, the
@@ -101,18 +101,6 @@ def breakdown(at_peak: dict[int, dict], grads: dict[int, int]) -> dict[str, int]
     for addr, e in at_peak.items():
         sums["gradients" if addr in grads else site(e.get("frames", []))] += e["size"]
     return dict(sums)
-
-
-def warm_libraries(device) -> None:
-    """Allocate what cuBLAS / cuBLASLt keep once they have run (a workspace per handle and stream, in the caching
-    allocator: the main thread's for the forward, the autograd engine's for the backward; fp32 and bf16)."""
-    lin = torch.nn.Linear(64, 64, device=device)
-    x = torch.randn(16, 64, device=device)
-    for bf16 in (False, True):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            y = lin(x)
-        y.float().sum().backward()
-    torch.cuda.synchronize(device)
 
 
 def measure(name: str, args, device) -> dict:
@@ -225,7 +213,7 @@ def main(argv=None) -> list[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("peak_memory.py needs a CUDA GPU (torch.cuda.memory history)")
     device = torch.device("cuda", torch.cuda.current_device())
-    warm_libraries(device)  # before any implementation's base
+    common.warm_libraries(device)  # before any implementation's base
     meta = common.row_meta(common.env_info(), device)
     path = common.results_path("peak_memory", args.out)
     rows = []
