@@ -72,10 +72,21 @@ def test_peak_memory_replays_the_trace_to_its_peak():
         {"action": "free_completed", "addr": 9, "size": 40},  # a block from before the trace
         {"action": "alloc", "addr": 4, "size": 30, "frames": [here]},  # 1130: below the peak
     ]
-    peak, live = peak_memory.peak_of(trace, live_before=1000)
-    assert peak == 1170 and sorted(live) == [2, 3]
+    peak, live, at = peak_memory.peak_of(trace, live_before=1000)
+    assert peak == 1170 and sorted(live) == [2, 3] and at == 4
     parts = peak_memory.breakdown(live, grads={2: 50})
-    assert parts == {"gradients": 50, f"{Path(__file__).name}:1 {Path(__file__).read_text().splitlines()[0][:80]}": 120}
+    here_site = f"{Path(__file__).name}:1 {Path(__file__).read_text().splitlines()[0][:80]}"
+    assert parts == {"gradients": 50, here_site: 120}
+    # the forward ends at the marker block (index 2 once inserted): only block 3 was allocated after it
+    big = [dict(e, size=e["size"] * 1000) for e in trace]
+    marked = big[:2] + [{"action": "alloc", "addr": 7, "size": peak_memory.MARKER_BYTES, "frames": []},
+                        {"action": "free_completed", "addr": 7, "size": peak_memory.MARKER_BYTES}] + big[2:]
+    mark = peak_memory.marker_index(marked)
+    peak, live, at = peak_memory.peak_of(marked, live_before=1000)
+    assert (mark, peak, at) == (2, 171_000, 6)
+    later = {id(e) for i, e in enumerate(marked) if i > mark and e["action"] == "alloc"}
+    assert peak_memory.breakdown(live, grads={2: 50_000}, only=later) == {here_site: 120_000}
+    assert peak_memory.marker_index(trace) == -1
     assert peak_memory.site([inner]) == "(torch internals)"
     assert peak_memory.site([inner, here, here]).endswith(f" < {Path(__file__).name}:1")
 

@@ -18,7 +18,9 @@ allocation trace is replayed (`peak_of`) to the moment the allocated bytes peak,
 summed by what they are: parameters, optimizer state (both resident before the step), gradients (the blocks in
 `.grad` after it that were already live at the peak), and every other block by where it was allocated (`site`:
 the innermost frame outside torch, with its source line: for Inductor's code a line such as
-`buf3 = empty_strided_cuda(...)`). The trace gives each block's requested bytes, while the allocator counts it
+`buf3 = empty_strided_cuda(...)`); `at_peak_since_forward_mib` is the part allocated after the forward (a block
+of MARKER_BYTES allocated and freed between the two marks the forward's end in the trace), `peak_site` the
+allocation that reached the peak. The trace gives each block's requested bytes, while the allocator counts it
 rounded up (to 512 B, a large one by up to 1 MiB when the rest of its cached block is not split off), so
 `traced_peak_mib` reads somewhat below `step_peak_mib`, torch.cuda's own peak of that same step.
 """
@@ -40,12 +42,14 @@ import impls  # noqa: E402
 MIB = 2**20
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep  # the separator: not torchvision's files too
 MAX_ENTRIES = 1_000_000  # the history is a ring buffer: a trace this long may have lost its start
+MARKER_BYTES = 4099  # an odd size no tensor has, allocated and freed between the forward and the backward
 
 
-def peak_of(trace: list[dict], live_before: int) -> tuple[int, dict[int, dict]]:
-    """(peak allocated bytes, the trace's blocks live at that moment: addr -> its alloc event) of an allocation
-    trace (torch.cuda.memory._snapshot()["device_traces"][i]); live_before: the bytes allocated when recording
-    started, blocks the trace does not name (it can free them: they come off the count all the same)."""
+def peak_of(trace: list[dict], live_before: int) -> tuple[int, dict[int, dict], int]:
+    """(peak allocated bytes, the trace's blocks live at that moment: addr -> its alloc event, the index of the
+    alloc that reached it) of an allocation trace (torch.cuda.memory._snapshot()["device_traces"][i]);
+    live_before: the bytes allocated when recording started, blocks the trace does not name (it can free them:
+    they come off the count all the same)."""
     # memory_allocated drops at free_requested, a block is reusable at free_completed; on one stream with no
     # record_stream (this step) the two come together, so the count is the same either way
     now = peak = live_before
@@ -57,7 +61,12 @@ def peak_of(trace: list[dict], live_before: int) -> tuple[int, dict[int, dict]]:
                 peak, at = now, i
         elif e["action"] == "free_completed":
             now -= e["size"]
-    return peak, live_at(trace, at + 1)
+    return peak, live_at(trace, at + 1), at
+
+
+def marker_index(trace: list[dict]) -> int:
+    """Index of the MARKER_BYTES alloc (the forward's end); -1 when the trace has none."""
+    return next((i for i, e in enumerate(trace) if e["action"] == "alloc" and e["size"] == MARKER_BYTES), -1)
 
 
 def live_at(trace: list[dict], end: int) -> dict[int, dict]:
@@ -95,11 +104,13 @@ def storages(tensors) -> dict[int, int]:
     return out
 
 
-def breakdown(at_peak: dict[int, dict], grads: dict[int, int]) -> dict[str, int]:
-    """Bytes of the blocks live at the peak, by site; gradients as one entry."""
+def breakdown(at_peak: dict[int, dict], grads: dict[int, int], only=None) -> dict[str, int]:
+    """Bytes of the blocks live at the peak, by site; gradients as one entry; only: the alloc events to count
+    (by id), None for all."""
     sums: dict[str, int] = defaultdict(int)
     for addr, e in at_peak.items():
-        sums["gradients" if addr in grads else site(e.get("frames", []))] += e["size"]
+        if only is None or id(e) in only:
+            sums["gradients" if addr in grads else site(e.get("frames", []))] += e["size"]
     return dict(sums)
 
 
@@ -162,7 +173,10 @@ def measure(name: str, args, device) -> dict:
     torch.cuda.reset_peak_memory_stats(device)
     torch.cuda.memory._record_memory_history(stacks="python", max_entries=MAX_ENTRIES, clear_history=True)
     try:
-        forward().backward()
+        loss = forward()
+        loss.new_empty(MARKER_BYTES, dtype=torch.uint8)  # allocated and freed: marks the forward's end in the trace
+        loss.backward()
+        del loss
         opt_step()
         torch.cuda.synchronize(device)
         snap = torch.cuda.memory._snapshot()
@@ -172,7 +186,10 @@ def measure(name: str, args, device) -> dict:
     trace = snap["device_traces"][device.index or 0]
     if len(trace) >= MAX_ENTRIES:
         raise RuntimeError(f"{name}: the step's allocation trace filled all {MAX_ENTRIES} entries; its start is lost")
-    peak, at_peak = peak_of(trace, live_before)
+    peak, at_peak, at = peak_of(trace, live_before)
+    mark = marker_index(trace)
+    if mark < 0:
+        raise RuntimeError(f"{name}: the marker block of {MARKER_BYTES} B is not in the step's allocation trace")
     # a gradient's block is the one live at the end of the trace at its address: an activation freed before the
     # backward can have had the same address at the peak
     end = live_at(trace, len(trace))
@@ -187,6 +204,13 @@ def measure(name: str, args, device) -> dict:
     row["parameters_mib"] = round(params / MIB, 1)
     row["optimizer_state_mib"] = round(state / MIB, 1)
     row["at_peak_mib"] = {k: round(v / MIB, 2) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
+    # what was allocated after the forward and is still live at the peak (the rest was live when the forward
+    # ended), and the allocation that reached the peak
+    later = {id(e) for i, e in enumerate(trace) if i > mark and e["action"] == "alloc"}
+    mine = breakdown(at_peak, grads, only=later)
+    row["peak_in"] = "backward" if at > mark else "forward"
+    row["peak_site"] = site(trace[at].get("frames", [])) if at >= 0 else None
+    row["at_peak_since_forward_mib"] = {k: round(v / MIB, 2) for k, v in sorted(mine.items(), key=lambda kv: -kv[1])}
     return row
 
 
@@ -229,6 +253,11 @@ def main(argv=None) -> list[dict]:
               f"live before it {row['live_before_mib']} MiB: parameters {row['parameters_mib']}, optimizer state "
               f"{row['optimizer_state_mib']}, the rest the inputs and what the build keeps")
         for what, mib in list(row["at_peak_mib"].items())[:args.top]:
+            print(f"   {mib:9.2f} MiB  {what}")
+        since = row["at_peak_since_forward_mib"]
+        print(f"   of which allocated after the forward ({sum(since.values()):.1f} MiB; the peak reached in the "
+              f"{row['peak_in']} at {row['peak_site']}):")
+        for what, mib in list(since.items())[:args.top]:
             print(f"   {mib:9.2f} MiB  {what}")
     return rows
 
