@@ -184,7 +184,7 @@ def call_peak_mib(call) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def gpu_profile(call, calls: int = 3) -> dict:
+def gpu_profile(call, calls: int = 3, kernels: int = 25) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -203,7 +203,7 @@ def gpu_profile(call, calls: int = 3) -> dict:
     for name, _start, _end in recs:
         counts[name] = counts.get(name, 0) + 1
     top_gpu = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    top_count = [(n, c / calls) for n, c in sorted(counts.items(), key=lambda kv: -kv[1])[:25]]
+    top_count = [(n, c / calls) for n, c in sorted(counts.items(), key=lambda kv: -kv[1])[:kernels or None]]
     cpu = [(a.key, a.count / calls, a.self_cpu_time_total / calls) for a in prof.key_averages()
            if a.self_cpu_time_total > 0]
     cpu.sort(key=lambda r: -r[2])
@@ -327,6 +327,9 @@ def main():
     ap.add_argument("--out", default=None, help=f"append the rows to this .jsonl file (a directory: "
                                                  f"<dir>/{HARNESS}.jsonl) instead of benchmarks/results/{HARNESS}.jsonl")
     ap.add_argument("--pieces", action="store_true", help="also time the fused op's pieces")
+    ap.add_argument("--kernels", type=int, default=25,
+                    help="GPU kernels kept in a row's top_count, by launches a call (0: all; to tell two builds' "
+                         "launches apart)")
     args = ap.parse_args()
     torch.set_float32_matmul_precision("high")
     device = torch.device("cuda")
@@ -380,7 +383,7 @@ def main():
                    # one call (a cache warm-up run) has no quartiles
                    wall_ms_quartiles=statistics.quantiles(all_w, n=4) if len(all_w) > 1 else None,
                    issue_ms=statistics.median(issued[name]))
-        row.update(gpu_profile(call))
+        row.update(gpu_profile(call, kernels=args.kernels))
         row["call_peak_mib"] = call_peak_mib(call)
         # busy against the unprofiled wall: the profiler's own host work slows a host-bound call
         row["gpu_busy_profiled"], row["gpu_busy"] = row["gpu_busy"], row["gpu_ms"] / row["wall_ms"]
