@@ -114,6 +114,11 @@ def breakdown(at_peak: dict[int, dict], grads: dict[int, int], only=None) -> dic
     return dict(sums)
 
 
+def _in_mib(parts: dict[str, int]) -> dict[str, float]:
+    """breakdown()'s bytes in MiB, largest first."""
+    return {k: round(v / MIB, 2) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
+
+
 def measure(name: str, args, device) -> dict:
     import train_step
 
@@ -203,14 +208,14 @@ def measure(name: str, args, device) -> dict:
     row["live_before_mib"] = round((live_before - base) / MIB, 1)
     row["parameters_mib"] = round(params / MIB, 1)
     row["optimizer_state_mib"] = round(state / MIB, 1)
-    row["at_peak_mib"] = {k: round(v / MIB, 2) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
+    row["at_peak_mib"] = _in_mib(parts)
     # what was allocated after the forward and is still live at the peak (the rest was live when the forward
     # ended), and the allocation that reached the peak
     later = {id(e) for i, e in enumerate(trace) if i > mark and e["action"] == "alloc"}
     mine = breakdown(at_peak, grads, only=later)
     row["peak_in"] = "backward" if at > mark else "forward"
     row["peak_site"] = site(trace[at].get("frames", [])) if at >= 0 else None
-    row["at_peak_since_forward_mib"] = {k: round(v / MIB, 2) for k, v in sorted(mine.items(), key=lambda kv: -kv[1])}
+    row["at_peak_since_forward_mib"] = _in_mib(mine)
     return row
 
 
