@@ -237,6 +237,15 @@ TABLE = [
     ("dq", dict(fp32=False, max_smem=SMEM_163KB, min_d=D_64 + 1, min_wk=WK_32 + 1, min_rows=ROWS_SMALL_16BIT + 1),
      dict(BLOCK_M=64, num_warps=4, num_stages=2, SPLIT_ROW=True),
      "bf16 ViT-H global fwd + bwd, H200, sm_86's rows 2.03 -> 1.70 ms, sm_120's 2.90 -> 1.97 (sm_90's 1.18)"),
+    # ... and where Triton 3.9 spills 8-16 B at 2 stages, the stage count with none, within 2% on the H200
+    ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, min_cc=120, max_d=D_64, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
+                  min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=1),
+     "bf16 SAM-B windows dK/dV on sm_120, 1 stage: 28 KB, no spill; H200 fwd + bwd 0.128 -> 0.130 ms"),
+    ("dq", dict(fp32=False, max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
+                max_rows=ROWS_SMALL_16BIT), dict(num_stages=1),
+     "bf16 ViT-H fused windows backward, sm_86 / sm_120, 1 stage: no spill; H200 0.130 -> 0.126 ms"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
+                  max_rows=ROWS_SMALL_16BIT), dict(num_stages=1), "the fused launch's stages (row above: 27 KB)"),
     # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids, 16-query dK/dV steps, split backward launches
     ("fwd", dict(fp32=True, max_smem=SMEM_99KB), dict(num_stages=2),
      "fp32 high SAM-B global fwd on sm_86: 48 KB at 2 stages, 2 CTAs per SM; 'highest' D=80 80 KB"),

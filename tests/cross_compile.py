@@ -81,10 +81,8 @@ ALLOWED_SPILLS: list[tuple[tuple[str, ...], str, int, int, int, str]] = [
     (("sm_90",), "bwd:both", 80, 32, 88, "sm_90's measured rows, unchanged: 24-48 B with Triton 3.6, 88 B with 3.9"),
     (("sm_100",), "bwd:both", 64, 32, 8, "sm_90's rows on sm_100: 8 B with Triton 3.6, none with 3.9"),
     (("sm_100",), "bwd:dq", 80, 64, 8, "fp16 ViT-H 512 px global dQ on sm_100: 8 B with Triton 3.6 (bf16: none)"),
-    (("sm_86", "sm_89", "sm_120"), "bwd:both", 80, 32, 16, "ViT-H fused windows backward: 8-16 B with Triton 3.9"),
-    (("sm_120",), "bwd:dkdv", 64, 32, 16, "ViT-B windows dK/dV on sm_120: 16 B with Triton 3.9, none with 3.6"),
-    (("sm_120",), "bwd:dkdv", 80, 32, 16, "ViT-H windows dK/dV on sm_120: 16 B with Triton 3.9, none with 3.6"),
     (("sm_120",), "fwd", 80, 64, 16, "ViT-H 512 px global forward on sm_120: 16 B with Triton 3.9, none with 3.6"),
+    (("sm_120",), "bwd:dkdv", 80, 32, 16, "ViT-H windows dK/dV on sm_120: 16 B with Triton 3.9, none with 3.6"),
 ]
 
 
