@@ -366,7 +366,7 @@ def _bwd_kernel(
     sq_b, sq_n, sq_d, sk_b, sk_n, sk_d, sv_b, sv_n, sv_d,
     srh_b, srh_h, srh_n, srh_k, srw_b, srw_h, srw_n, srw_k,  # rel_h / rel_w as dQ reads them (forward.py)
     srht_b, srht_h, srht_n, srht_k, srwt_b, srwt_h, srwt_n, srwt_k,  # as dK/dV reads them (BIAS_T: copies)
-    sdo_b, sdo_n, sdo_d, so_b, so_n, so_d, slse_b, slse_n, sdl_b,
+    sdo_b, sdo_h, sdo_n, sdo_d, so_b, so_h, so_n, so_d, slse_b, slse_n, sdl_b,  # sdo_h, so_h: HEADS > 1 only
     sdq_b, sdq_n, sdq_d, sdk_b, sdk_n, sdk_d, sdv_b, sdv_n, sdv_d,
     sdrh_b, sdrh_n, sdrh_k, sdrw_b, sdrw_n, sdrw_k,
     sqt_b, sqt_d, sdot_b, sdot_d, skt_b, skt_d,  # K-major copies (KMAJOR only)
@@ -380,6 +380,7 @@ def _bwd_kernel(
     RH_QW: tl.constexpr = 0, RW_QW: tl.constexpr = 0,  # query grid width where a term's rows are (h, w) dims
     RHT_QW: tl.constexpr = 0, RWT_QW: tl.constexpr = 0,  # the same for what dK/dV reads (0 with BIAS_T copies)
     SPLIT_ROW_Q: tl.constexpr = False,  # dQ takes each grid row as two key tiles (_dq_program; R_Q == 1 only)
+    HEADS: tl.constexpr = 1,  # do, out: [B // HEADS, N_Q, HEADS, DV] where above 1 (the forward's heads-last out)
 ):
     # q, k: [B, N, D]  v, do, out: [B, N, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]  lse, delta: [B, N_Q]
     # (rel_h / rel_w with RH_QW / RW_QW > 0: [B, N_Q // QW, QW, K], rows at their own strides; tiles._rows)
@@ -390,6 +391,12 @@ def _bwd_kernel(
     scale = tl.cast(scale, tl.float32)
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
+    if HEADS > 1:  # do's and out's row bases for batch*head b (image b // HEADS, head b % HEADS), then read as if at b
+        bh = tl.program_id(1)
+        DO += (bh // HEADS).to(tl.int64) * sdo_b + (bh % HEADS) * sdo_h
+        O += (bh // HEADS).to(tl.int64) * so_b + (bh % HEADS) * so_h
+        sdo_b = 0 * sdo_b
+        so_b = 0 * so_b
     N_KV_TILES: tl.constexpr = (HK + R_KV - 1) // R_KV
     if PART == "dq":
         do_kv = False

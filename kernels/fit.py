@@ -34,7 +34,8 @@ from . import rel_pos_attention as K
 @dataclass(frozen=True)
 class Shape:
     """One fused attention's sizes: b = batch * heads (None: any, as with a dynamic batch), queries, key grid, head
-    dims; rel4d: the rel-pos terms come as [B, Hq, Wq, K] (the query grid as two dims, hq rows)."""
+    dims; hq: the rel-pos terms come as [B, Hq, Wq, K] (the query grid as two dims, hq rows); heads: the output is
+    written heads-last, [b // heads, N, heads, Dv] (the rewrite's choice where the model reads it so), where above 1."""
     b: int | None
     n_q: int
     hk: int
@@ -42,6 +43,7 @@ class Shape:
     d: int
     dv: int
     hq: int = 0
+    heads: int = 1
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ _recorded: list[Launch] = []
 def launches(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> list[Launch]:
     """Every launch forward + backward make for `shape` on `target` (precision: torch's fp32 matmul setting).
     With b None, the launches of every batch size: the configs change with rows only at the table's thresholds."""
-    rows = [shape.b] if shape.b is not None else _batches(shape.n_q)
+    rows = [shape.b] if shape.b is not None else _batches(shape.n_q, shape.heads)
     found: dict[Launch, None] = {}
     with _lock, _matmul_precision(precision), arch.assume(target):
         saved = K._launch
@@ -161,7 +163,7 @@ def launches(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape
                 rel = (b, shape.hq, shape.n_q // shape.hq) if shape.hq else (b, shape.n_q)
                 rh = torch.empty(*rel, shape.hk, device="meta", dtype=dtype)
                 rw = torch.empty(*rel, shape.wk, device="meta", dtype=dtype)
-                out, lse = K.forward(q, k, v, rh, rw, 0.125)
+                out, lse = K.forward(q, k, v, rh, rw, 0.125, heads=shape.heads)
                 K.backward(torch.empty_like(out), q, k, v, rh, rw, out, lse, 0.125)
                 found.update(dict.fromkeys(_recorded))
         finally:
@@ -169,12 +171,13 @@ def launches(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape
     return list(found)
 
 
-def _batches(n_q: int) -> list[int]:
-    """Batch sizes that reach every rows class of the config table (rows = batch * n_q): 1, each side of every
-    threshold, and a large batch."""
+def _batches(n_q: int, heads: int = 1) -> list[int]:
+    """Batch sizes (multiples of heads) that reach every rows class of the config table (rows = batch * n_q): the
+    least, each side of every threshold, and a large batch."""
     limits = {v for _, cond, _, _ in configs.TABLE for key, v in cond.items() if key in ("min_rows", "max_rows")}
     rows = {1, 1 << 24} | {r for v in limits for r in (v - 1, v, v + 1) if r > 0}
-    return sorted({max(1, -(-r // n_q)) for r in rows})
+    per = n_q * heads  # rows a batch of one image takes; each row count is taken on both sides
+    return sorted({heads * max(1, f(r)) for r in rows for f in (lambda r: r // per, lambda r: -(-r // per))})
 
 
 @contextlib.contextmanager

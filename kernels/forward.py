@@ -17,17 +17,18 @@ def _fwd_kernel(
     svt_b, svt_d,  # vT: [B, DV, padded keys], keys contiguous (KMAJOR only)
     srh_b, srh_h, srh_n, srh_k,  # rel_h / rel_w: batch, query grid row (RH_QW / RW_QW > 0 only), query, key
     srw_b, srw_h, srw_n, srw_k,
-    so_b, so_n, so_d,
+    so_b, so_h, so_n, so_d,  # so_h: heads (HEADS > 1 only)
     slse_b,
     N_Q, qk_scale,  # qk_scale = scale * log2(e): scores live in the log2 domain
     HK: tl.constexpr, WK: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     WK_PAD: tl.constexpr, R: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, DV_A: tl.constexpr,
     DV_B: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, KMAJOR: tl.constexpr,
-    RH_SELECT: tl.constexpr = False, RH_QW: tl.constexpr = 0, RW_QW: tl.constexpr = 0,
+    RH_SELECT: tl.constexpr = False, RH_QW: tl.constexpr = 0, RW_QW: tl.constexpr = 0, HEADS: tl.constexpr = 1,
 ):
     # q: [B, N_Q, D]  k: [B, HK*WK, D]  v: [B, HK*WK, DV]  rel_h: [B, N_Q, HK]  rel_w: [B, N_Q, WK]
     # (rel_h / rel_w with RH_QW / RW_QW > 0: [B, N_Q // QW, QW, K], rows at their own strides; tiles._rows)
-    # out: [B, N_Q, DV]  lse: [B, N_Q] fp32
+    # out: [B, N_Q, DV], or with HEADS > 1 [B // HEADS, N_Q, HEADS, DV] (heads-last: the order the projection
+    # after attention reads, so no copy puts it there)  lse: [B, N_Q] fp32
     # Head dims in power-of-two chunks (tiles.split): d in [0, D_A) and, where D_B > 0, [D_A, D_A + D_B);
     # likewise DV_A, DV_B. D_B == 0 / DV_B == 0 compiles the second chunk out.
     # KMAJOR (fp32 operands): P @ V reads V from vT, whose keys are contiguous (see _keys_kmajor)
@@ -38,6 +39,10 @@ def _fwd_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
+    if HEADS > 1:  # out's row base for batch*head b (image b // HEADS, head b % HEADS), then stored as if at b
+        bh = tl.program_id(1)
+        O += (bh // HEADS).to(tl.int64) * so_b + (bh % HEADS) * so_h
+        so_b = 0 * so_b
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)

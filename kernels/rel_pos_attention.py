@@ -152,14 +152,14 @@ def _kept(cache: dict, key, compute):
     return value
 
 
-def _plan(build, *ts) -> _Plan:
-    """build(*ts, target), kept per signature: the inputs' shapes, strides and dtypes, the GPU class, torch's fp32
-    matmul precision and the head-dim chunking (everything build reads), for the config table in use (by identity:
-    each entry holds the table and overrides it was built from, so their ids cannot recur while it lives)."""
+def _plan(build, *ts, heads: int = 1) -> _Plan:
+    """build(*ts, target, heads), kept per signature: the inputs' shapes, strides and dtypes, heads, the GPU class,
+    torch's fp32 matmul precision and the head-dim chunking (everything build reads), for the config table in use (by
+    identity: each entry holds the table and overrides it was built from, so their ids cannot recur while it lives)."""
     target = _target(ts[0].device)
-    key = (build, target, torch.get_float32_matmul_precision(), tiles.SPLIT_HEAD_DIM, id(configs.TABLE),
+    key = (build, target, heads, torch.get_float32_matmul_precision(), tiles.SPLIT_HEAD_DIM, id(configs.TABLE),
            id(configs.OVERRIDES), *[(t.shape, t.stride(), t.dtype) for t in ts])
-    return _kept(_PLANS, key, lambda: (configs.TABLE, configs.OVERRIDES, build(*ts, target)))[2]
+    return _kept(_PLANS, key, lambda: (configs.TABLE, configs.OVERRIDES, build(*ts, target, heads)))[2]
 
 
 # signature -> (the table and overrides it was built from, plan): the host's per-call Python (configs, head-dim
@@ -214,9 +214,19 @@ def _keys_kmajor(x, hk: int, wk: int, wk_pad: int, r: int):
     return xt.view(b, d, hk_pad * wk_pad)
 
 
-def _queries_kmajor(x, block_m: int):
-    """x: [B, N, D] or [B, H, W, D] (N = H * W) -> [B, D, N_PAD], queries contiguous, N padded with zeros to whole
-    query blocks. One copy kernel whatever x's strides."""
+def _queries_kmajor(x, block_m: int, heads: int = 1):
+    """x: [B, N, D] or [B, H, W, D] (N = H * W), or with heads > 1 [B // heads, N, heads, D] (the heads-last out
+    and dout) -> [B, D, N_PAD], queries contiguous, N padded with zeros to whole query blocks. One copy kernel
+    whatever x's strides."""
+    if heads > 1:
+        b_h, n, _, d = x.shape
+        xt_heads = x.permute(0, 2, 3, 1)  # [B // heads, heads, D, N]
+        n_pad = triton.cdiv(n, block_m) * block_m
+        if n_pad == n:  # contiguous: a reshape can be a view of dout's memory (heads-first, or expanded)
+            return xt_heads.reshape(b_h * heads, d, n).contiguous()
+        xt = x.new_zeros((b_h * heads, d, n_pad))
+        xt[:, :, :n].view(b_h, heads, d, n).copy_(xt_heads)
+        return xt
     b, d = x.shape[0], x.shape[-1]
     n = query_rows(x)
     xt_grid = x.movedim(-1, 1)  # [B, D, N] or [B, D, H, W]
@@ -304,7 +314,7 @@ def _unsupported_reason(q, k, v, rel_h, rel_w) -> str | None:
     return None
 
 
-def _fwd_plan(q, k, v, rel_h, rel_w, target: arch.Arch) -> _Plan:
+def _fwd_plan(q, k, v, rel_h, rel_w, target: arch.Arch, heads: int) -> _Plan:
     b, n_q, d = q.shape
     dv = v.shape[2]
     hk, wk = rel_h.shape[-1], rel_w.shape[-1]
@@ -314,32 +324,41 @@ def _fwd_plan(q, k, v, rel_h, rel_w, target: arch.Arch) -> _Plan:
     wk_pad, r = _tile(hk, wk, cfg["BLOCK_N"])
     kmajor = _kmajor(q.dtype, wk, max(_pad(d), _pad(dv)))
     consts = dict(HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, R=r, **_chunks(d, dv), BLOCK_M=cfg["BLOCK_M"], PREC=prec,
-                  KMAJOR=kmajor, RH_SELECT=cfg.get("RH_SELECT", False), RH_QW=rh_qw, RW_QW=rw_qw,
+                  KMAJOR=kmajor, RH_SELECT=cfg.get("RH_SELECT", False), RH_QW=rh_qw, RW_QW=rw_qw, HEADS=heads,
                   **_launch_options(cfg))
     return _Plan(grid=(triton.cdiv(n_q, cfg["BLOCK_M"]), b), hk=hk, wk=wk, wk_pad=wk_pad, r=r, kmajor=kmajor,
                  rel_strides=(*rh_s, *rw_s), consts=consts)
 
 
-def forward(q, k, v, rel_h, rel_w, scale: float):
+def _strides_bhnd(t) -> tuple:
+    """(batch, head, query, feature) strides of out or dout: [B, N, DV] (head 0), or [B // heads, N, heads, DV]."""
+    if t.dim() == 3:
+        return t.stride(0), 0, t.stride(1), t.stride(2)
+    return t.stride(0), t.stride(2), t.stride(1), t.stride(3)
+
+
+def forward(q, k, v, rel_h, rel_w, scale: float, heads: int = 1):
     """q: [B, Nq, D], k: [B, Nk, D], v: [B, Nk, Dv], rel_h: [B, Nq, Hk], rel_w: [B, Nq, Wk] (each term may also
     be [B, Hq, Wq, K], the query grid as two dims: read at its strides, not copied).
 
-    Returns out [B, Nq, Dv] in q.dtype and lse [B, Nq] fp32 (natural log). Inputs may be strided.
+    Returns out [B, Nq, Dv] in q.dtype, or with heads > 1 (dividing B) [B // heads, Nq, heads, Dv], and lse [B, Nq]
+    fp32 (natural log). Inputs may be strided.
     """
-    p = _plan(_fwd_plan, q, k, v, rel_h, rel_w)
+    p = _plan(_fwd_plan, q, k, v, rel_h, rel_w, heads=heads)
     b, n_q, _ = q.shape
     vt = _keys_kmajor(v, p.hk, p.wk, p.wk_pad, p.r) if p.kmajor else v  # unused unless KMAJOR
-    out = _empty((b, n_q, v.shape[2]), q.dtype, q.device)
+    out_shape = (b // heads, n_q, heads, v.shape[2]) if heads > 1 else (b, n_q, v.shape[2])
+    out = _empty(out_shape, q.dtype, q.device)
     lse = _empty((b, n_q), torch.float32, q.device)
     _launch(
         _fwd_kernel, p.grid, q, k, v, vt, rel_h, rel_w, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1), *p.rel_strides, *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1), *p.rel_strides, *_strides_bhnd(out),
         lse.stride(0), n_q, scale * 1.4426950408889634, cache=p.compiled["fwd"], **p.consts,
     )
     return out, lse
 
 
-def _bwd_plan(q, k, v, rel_h, rel_w, dout, out, lse, target: arch.Arch) -> _Plan:
+def _bwd_plan(q, k, v, rel_h, rel_w, dout, out, lse, target: arch.Arch, heads: int) -> _Plan:
     # dout, out, lse are not read here: they are in the plan's key because the launches pass their strides
     b, n_q, d = q.shape
     dv = v.shape[2]
@@ -364,7 +383,7 @@ def _bwd_plan(q, k, v, rel_h, rel_w, dout, out, lse, target: arch.Arch) -> _Plan
     consts = dict(HK=hk, WK=wk, D=d, DV=dv, WK_PAD=wk_pad, **_chunks(d, dv), PREC=prec, KMAJOR=kmajor,
                   R_KV=r_kv, BLOCK_M_KV=cfg_kv["BLOCK_M"], RH_SELECT_KV=cfg_kv.get("RH_SELECT", False),
                   BIAS_T=bias_t, R_Q=r_q, BLOCK_M_Q=cfg_q["BLOCK_M"], RH_SELECT_Q=cfg_q.get("RH_SELECT", False),
-                  RH_QW=rh_qw, RW_QW=rw_qw, SPLIT_ROW_Q=split_row)
+                  RH_QW=rh_qw, RW_QW=rw_qw, SPLIT_ROW_Q=split_row, HEADS=heads)
     return _Plan(hk=hk, wk=wk, wk_pad=wk_pad, r_q=r_q, kmajor=kmajor, bias_t=bias_t, fused=fused,
                  bm_kv=cfg_kv["BLOCK_M"], n_kv=triton.cdiv(hk, r_kv), n_qb=triton.cdiv(n_q, cfg_q["BLOCK_M"]),
                  rel_strides=(*rh_s, *rw_s),
@@ -374,8 +393,10 @@ def _bwd_plan(q, k, v, rel_h, rel_w, dout, out, lse, target: arch.Arch) -> _Plan
 
 
 def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
-    """Gradients for forward()'s saved (out, lse). Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
-    p = _plan(_bwd_plan, q, k, v, rel_h, rel_w, dout, out, lse)
+    """Gradients for forward()'s saved (out, lse); out and dout heads-last [B // heads, Nq, heads, Dv] where the
+    forward ran with heads > 1. Returns (dq, dk, dv, d_rel_h, d_rel_w) in input dtypes."""
+    heads = out.shape[2] if out.dim() == 4 else 1
+    p = _plan(_bwd_plan, q, k, v, rel_h, rel_w, dout, out, lse, heads=heads)
     b, n_q, _ = q.shape
     dq = _empty(q.shape, q.dtype, q.device)
     dk = _empty(k.shape, k.dtype, k.device)
@@ -388,7 +409,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
 
     def kv_copies():  # dK/dV's operands: (qT, doT, rel_h^T, rel_w^T); the originals where unused
         bm = p.bm_kv
-        return (_queries_kmajor(q, bm) if p.kmajor else q, _queries_kmajor(dout, bm) if p.kmajor else dout,
+        return (_queries_kmajor(q, bm) if p.kmajor else q, _queries_kmajor(dout, bm, heads) if p.kmajor else dout,
                 _queries_kmajor(rel_h, bm).transpose(1, 2) if p.bias_t else rel_h,
                 _queries_kmajor(rel_w, bm).transpose(1, 2) if p.bias_t else rel_w)
 
@@ -397,7 +418,7 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
         _launch(
             _bwd_kernel, grid, q, k, v, rel_h, rel_w, rh_t, rw_t, dout, out, lse, delta, dq, dk, dv, drh, drw, qt, dot, kt,
             *q.stride(), *k.stride(), *v.stride(), *p.rel_strides, *rht_s, *rwt_s,
-            *dout.stride(), *out.stride(), *lse.stride(), delta.stride(0),
+            *_strides_bhnd(dout), *_strides_bhnd(out), *lse.stride(), delta.stride(0),
             *dq.stride(), *dk.stride(), *dv.stride(), *p.grad_strides,
             qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1),
             n_q, scale * 1.4426950408889634, scale,

@@ -198,3 +198,20 @@ def is_whole_index(index: Any) -> bool:
 def single_user(node: Node) -> Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None
+
+
+def fake_run(node: Node, fake_mode, env: dict | None = None):
+    """Run `node`'s call on fake values: its arguments' recorded ones, or env[arg] where given."""
+    env = env or {}
+
+    def fake(a):
+        if not isinstance(a, Node):
+            return a
+        return env[a] if a in env else a.meta.get("example_value", a.meta.get("val"))
+
+    args = torch.fx.node.map_aggregate(node.args, fake)
+    kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
+    with fake_mode:
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        return node.target(*args, **kwargs)

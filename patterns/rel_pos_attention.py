@@ -83,6 +83,7 @@ class Candidate:
     kind: str
     match: Match | None = None
     reason: str | None = None
+    heads: int = 1  # the fused op writes its output heads-last where above 1 (layout.heads_last)
 
 
 # --- the bias tree ----------------------------------------------------------------------------

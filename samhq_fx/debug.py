@@ -87,7 +87,7 @@ def format_report(candidates) -> str:
                 f"FUSED   {c.node.name} ({c.kind}): q={m.q.name} k={m.k.name} v={m.v.name} "
                 f"grid={m.grid[0]}x{m.grid[1]} scale={m.scale:.6g} "
                 f"rel_h={[t.node.name for t in m.rel_h]} rel_w={[t.node.name for t in m.rel_w]} "
-                f"-> replaces {m.output.name}"
+                f"-> replaces {m.output.name}" + (f", heads-last ({c.heads} heads)" if c.heads > 1 else "")
             )
         else:
             lines.append(f"SKIPPED {c.node.name} ({c.kind}): {c.reason}")

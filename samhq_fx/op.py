@@ -1,11 +1,13 @@
 """The fused op: `torch.ops.samhq.rel_pos_attention` and its backward, registered with torch.library.
 
-    rel_pos_attention(q, k, v, rel_h, rel_w, scale) -> (out, lse)
+    rel_pos_attention(q, k, v, rel_h, rel_w, scale, heads=1) -> (out, lse)
         q: [B*heads, Nq, D]   k: [B*heads, Nk, D]   v: [B*heads, Nk, Dv]
         rel_h: [B*heads, Nq, Hk]   rel_w: [B*heads, Nq, Wk]   with Hk * Wk == Nk (the key grid)
         (either term may be [B*heads, Hq, Wq, K] with Hq * Wq == Nq: the query grid as two dims, which is how
         the rewrite hands over terms whose rows a flat dim cannot view; the kernels read them in place)
-        out: [B*heads, Nq, Dv] (q's dtype)   lse: [B*heads, Nq] fp32 row log-sum-exp
+        out: [B*heads, Nq, Dv] (q's dtype), or with heads > 1 [B, Nq, heads, Dv]: heads-last, the order the
+        projection after attention reads (the rewrite asks for it where the model puts heads next to features,
+        which then costs no copy)   lse: [B*heads, Nq] fp32 row log-sum-exp
 
 rel_h / rel_w come in as tensors so the table gather, interpolation and einsums that make them stay
 ordinary graph ops for autograd and Inductor; the op's backward returns dq, dk, dv, d_rel_h, d_rel_w.
@@ -52,7 +54,8 @@ except ImportError:  # pragma: no cover
 
 _warned: set[tuple[int, str]] = set()
 
-_FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, float scale) -> (Tensor, Tensor)"
+_FWD_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, float scale, int heads=1) -> (Tensor, Tensor)")
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor rel_h, Tensor rel_w, Tensor out, Tensor lse, "
     "float scale) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
@@ -179,13 +182,35 @@ def _with_kernel_fallback(kernel_call, reference_call, inputs, direction: str):
     return reference_call()
 
 
+def _heads_last(out: torch.Tensor, heads: int) -> torch.Tensor:
+    # [B*heads, N, Dv] -> [B, N, heads, Dv] (a copy)
+    return out.unflatten(0, (-1, heads)).transpose(1, 2).contiguous() if heads > 1 else out
+
+
+def _heads_first(t: torch.Tensor) -> torch.Tensor:
+    # [B, N, heads, Dv] -> [B*heads, N, Dv] (a copy); 3-D tensors as they are
+    return t.transpose(1, 2).flatten(0, 1) if t.dim() == 4 else t
+
+
+def _check_heads(q: torch.Tensor, heads: int) -> None:
+    if not isinstance(heads, int) or heads < 1 or q.shape[0] % heads:
+        raise ValueError(f"samhq_fx: rel_pos_attention: `heads` must be an int >= 1 dividing q.shape[0] "
+                         f"(batch*heads) = {q.shape[0]}, got {heads!r}")
+
+
 def _fwd_impl(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor, rel_w: torch.Tensor, scale: float,
+    heads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_heads(q, heads)
     reason = _kernel_skip_reason(q, k, v, rel_h, rel_w)
-    reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference(q, k, v, rel_h, rel_w, scale)  # noqa: E731
+
+    def reference_call():
+        out, lse = torch.ops.samhq.rel_pos_attention_reference(q, k, v, rel_h, rel_w, scale)
+        return _heads_last(out, heads), lse
+
     if reason is None:
-        kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale)  # noqa: E731
+        kernel_call = lambda: _kernels.forward(q, k, v, rel_h, rel_w, scale, heads=heads)  # noqa: E731
         return _with_kernel_fallback(kernel_call, reference_call, (q, k, v, rel_h, rel_w), "forward")
     if not _reference_allowed(q.device):
         raise _no_kernel(reason, q)
@@ -198,7 +223,9 @@ def _bwd_impl(
     rel_w: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     args = (dout, q, k, v, rel_h, rel_w, out, lse, scale)
-    reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference_backward(*args)  # noqa: E731
+    # out, dout: [B, N, heads, Dv] where the forward ran with heads > 1 (the reference takes them heads-first)
+    reference_call = lambda: torch.ops.samhq.rel_pos_attention_reference_backward(  # noqa: E731
+        _heads_first(dout), q, k, v, rel_h, rel_w, _heads_first(out), lse, scale)
     reason = _kernel_skip_reason(q, k, v, rel_h, rel_w)
     if reason is None:
         kernel_call = lambda: _kernels.backward(*args)  # noqa: E731
@@ -208,8 +235,10 @@ def _bwd_impl(
     return reference_call()
 
 
-def _fwd_fake(q, k, v, rel_h, rel_w, scale):
-    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+def _fwd_fake(q, k, v, rel_h, rel_w, scale, heads=1):
+    _check_heads(q, heads)
+    b, n_q, _ = q.shape
+    out = q.new_empty((b // heads, n_q, heads, v.shape[-1]) if heads > 1 else (b, n_q, v.shape[-1]))
     return out, q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -229,7 +258,7 @@ def _opaque(fn):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, rel_h, rel_w, scale = inputs
+    q, k, v, rel_h, rel_w, scale, *_heads = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
     ctx.scale = scale
@@ -239,7 +268,7 @@ def _setup_context(ctx, inputs, output):
 def _autograd_via(backward_op):
     def backward(ctx, dout, _dlse):
         q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
-        return (*backward_op(dout, q, k, v, rel_h, rel_w, out, lse, ctx.scale), None)
+        return (*backward_op(dout, q, k, v, rel_h, rel_w, out, lse, ctx.scale), None, None)
 
     return backward
 

@@ -2,7 +2,8 @@
 
     for_compile(triton_op, patches)
                                 what option samhq.triton_op means for one compile (CUDA graphs, compiled autograd)
-    misfit(match)               None: the fused op takes it; else why it is left to Inductor (match report: SKIPPED)
+    misfit(match, heads)        None: the fused op takes it (its output heads-last where heads > 1); else why it is
+                                left to Inductor (match report: SKIPPED)
     inductor_launches(match, triton_op)
                                 which registration of the op to emit: the triton_op one (Inductor compiles and
                                 launches the kernels) or the opaque one (the op launches them itself)
@@ -46,8 +47,9 @@ def _target(m: Match):
     return arch.of(q.device)
 
 
-def misfit(m: Match) -> str | None:
-    """None if the fused op takes this match here; else the reason it is left to Inductor."""
+def misfit(m: Match, heads: int = 1) -> str | None:
+    """None if the fused op takes this match here, its output written heads-last where heads > 1 (layout.heads_last);
+    else the reason it is left to Inductor."""
     q, v = value(m.q), value(m.v)
     if q is None or v is None or q.device.type == "meta":
         return None
@@ -69,7 +71,7 @@ def misfit(m: Match) -> str | None:
         return f"the Triton kernels do not take it ({reason})"
     # a static batch is checked as it is; a symbolic one at every batch size whose configs differ
     b = math.prod(batch) if all(map(is_static, batch)) else None
-    shape = fit.Shape(b=b, n_q=n_q, hk=hk, wk=wk, d=d, dv=dv)
+    shape = fit.Shape(b=b, n_q=n_q, hk=hk, wk=wk, d=d, dv=dv, heads=heads)
     reason = fit.misfit(target, q.dtype, torch.get_float32_matmul_precision(), shape)
     return None if reason is None else f"the kernels do not fit {target.name}: {reason}"
 

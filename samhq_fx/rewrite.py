@@ -21,7 +21,8 @@ from torch.fx import Graph, Node
 
 from . import op  # registers torch.ops.samhq.*
 from . import placement
-from .patterns.fx_utils import is_static, shape, value
+from .layout import heads_last
+from .patterns.fx_utils import fake_run, is_static, shape, value
 from .patterns.rel_pos_attention import Match, RelTerm, find_candidates
 from . import debug
 
@@ -44,7 +45,7 @@ def _source_files() -> tuple[str, ...]:
     import samhq_fx.kernels as kernels_pkg
     import samhq_fx.patterns as patterns_pkg
 
-    files = [Path(__file__), _PKG / "op.py", _PKG / "reference.py"]
+    files = [Path(__file__), _PKG / "layout.py", _PKG / "op.py", _PKG / "reference.py"]
     for pkg in (patterns_pkg, kernels_pkg):
         files += sorted(Path(pkg.__file__).parent.glob("*.py"))
     # patterns/host_indices.py serves the backend's host-index pass, which rewrites the graph before Inductor
@@ -59,16 +60,7 @@ class _Emitter:
         self.graph, self.anchor, self.fake_mode = graph, anchor, fake_mode
 
     def _meta(self, node: Node) -> Node:
-        def fake(a):
-            return a.meta.get("example_value", a.meta.get("val")) if isinstance(a, Node) else a
-
-        args = torch.fx.node.map_aggregate(node.args, fake)
-        kwargs = torch.fx.node.map_aggregate(node.kwargs, fake)
-        with self.fake_mode:
-            if node.op == "call_method":
-                result = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                result = node.target(*args, **kwargs)
+        result = fake_run(node, self.fake_mode)
         node.meta["example_value"] = result
         if "stack_trace" in self.anchor.meta:  # dumps then say which source line was fused
             node.meta["stack_trace"] = self.anchor.meta["stack_trace"]
@@ -123,20 +115,30 @@ def _zeros_along(em: _Emitter, like: Node, size: int) -> Node:
     return em.method("contiguous", em.method("expand", em.function(torch.zeros_like, col), *keep, size))
 
 
-def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default) -> Node:
-    """Rewrite one match in place with `fused_op` (op.fused_op()); returns the fused node."""
-    fake_mode = value(m.q).fake_mode
-    em = _Emitter(graph, m.output, fake_mode)
+def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attention.default,
+                layout: tuple[int, dict] | None = None) -> Node:
+    """Rewrite one match in place with `fused_op` (op.fused_op()), its output heads-last as `layout` (heads_last(m),
+    worked out here if not given) says; returns the fused node."""
+    heads, uses = heads_last(m) if layout is None else layout
+    em = _Emitter(graph, m.output, value(m.q).fake_mode)
     q, k, v = (_to_3d(em, n) for n in (m.q, m.k, m.v))
     rel_h, rel_w = _sum_terms(em, m.rel_h), _sum_terms(em, m.rel_w)
     if rel_h is None:
         rel_h = _zeros_along(em, rel_w, m.grid[0])
     if rel_w is None:
         rel_w = _zeros_along(em, rel_h, m.grid[1])
-    fused = em.function(fused_op, q, k, v, rel_h, rel_w, float(m.scale))
+    if heads > 1:
+        fused = em.function(fused_op, q, k, v, rel_h, rel_w, float(m.scale), heads)
+    else:
+        fused = em.function(fused_op, q, k, v, rel_h, rel_w, float(m.scale))
     out = em.function(operator.getitem, fused, 0)
     target = shape(m.output)
-    if len(target) == 2:
+    if heads > 1:  # [B', N, heads, Dv] -> [B', heads, N, Dv], then B' as target's batch dims
+        out = em.method("transpose", out, 1, 2)
+        if len(target) > 4:
+            sizes = tuple(s if is_static(s) else em.method("size", m.v, i) for i, s in enumerate(target[:-3]))
+            out = em.method("unflatten", out, 0, sizes)
+    elif len(target) == 2:
         out = em.method("squeeze", out, 0)
     elif len(target) > 3:
         sizes = tuple(s if is_static(s) else em.method("size", m.v, i) for i, s in enumerate(target[:-2]))
@@ -144,6 +146,8 @@ def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attenti
     if value(m.output).dtype != value(out).dtype:
         out = em.method("to", out, value(m.output).dtype)
     m.output.replace_all_uses_with(out)
+    for user, result in uses.items():  # their recorded values, with the strides they now have
+        user.meta["example_value" if "example_value" in user.meta else "val"] = result
     _erase_dead(graph, m.nodes)
     return fused
 
@@ -182,11 +186,14 @@ class RelPosAttentionPass(CustomGraphPass):
         candidates = find_candidates(graph, self.min_seq_len, dynamic_grid=placement.dynamic_grids(self.triton_op))
         for cand in candidates:
             if cand.match is not None:
-                reason = placement.misfit(cand.match)  # decided here, on the device compiled for
+                layout = heads_last(cand.match)
+                reason = placement.misfit(cand.match, heads=layout[0])  # decided here, on the device compiled for
                 if reason is not None:
                     cand.match, cand.reason = None, f"left to Inductor: {reason}"
                     continue
-                apply_match(graph, cand.match, op.fused_op(placement.inductor_launches(cand.match, self.triton_op)))
+                fused_op = op.fused_op(placement.inductor_launches(cand.match, self.triton_op))
+                apply_match(graph, cand.match, fused_op, layout)
+                cand.heads = layout[0]
         graph.lint()
         fused = sum(c.match is not None for c in candidates)
         counters["samhq"]["fused"] += fused

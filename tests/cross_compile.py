@@ -64,9 +64,10 @@ class SamShape:
     def fit_shape(self) -> fit.Shape:
         heads, d = MODELS[self.model]
         side, windows = RESOLUTIONS[self.px]
+        # the output heads-last, as the rewrite writes it for SAM's attention (both HF classes, segment_anything)
         if self.layer == "global":
-            return fit.Shape(self.batch * heads, side * side, side, side, d, d)
-        return fit.Shape(self.batch * windows * heads, 196, 14, 14, d, d)
+            return fit.Shape(self.batch * heads, side * side, side, side, d, d, heads=heads)
+        return fit.Shape(self.batch * windows * heads, 196, 14, 14, d, d, heads=heads)
 
 
 SHAPES = [SamShape(m, layer, px, b) for m in MODELS for layer in ("global", "window") for px in RESOLUTIONS

@@ -229,6 +229,42 @@ def test_strided_inputs(layout, matmul_precision):
     run_and_check(*make_inputs(2, 35, 5, 7, 64, 64, torch.float32, layout=layout), 1e-5)
 
 
+# (batch * heads, heads, grid hk x wk, head dim, mode, overrides): the fp32 K-major dout copy with and without query
+# padding (60 and 48 queries in 16-query blocks), 16-bit split and fused backward launches
+HEADS_LAST = [
+    (6, 3, 5, 12, 16, "fp32-highest", {}),
+    (4, 2, 3, 16, 16, "fp32-high", {}),
+    (4, 2, 3, 5, 8, "bf16", {}),
+    (6, 3, 3, 7, 16, "fp16", {"bwd": dict(FUSED=True), "dkdv": dict(BLOCK_N=32), "dq": dict(BLOCK_N=32)}),
+]
+
+
+@pytest.mark.parametrize("b,heads,hk,wk,d,mode,overrides", HEADS_LAST)
+def test_heads_last_output(b, heads, hk, wk, d, mode, overrides, monkeypatch, matmul_precision):
+    # out as [B // heads, N, heads, Dv] (what the rewrite asks for where the model puts heads next to features), and
+    # dout read in that shape at any strides: the same bits as the [B, N, Dv] output and its gradients
+    dtype, prec, _ = MODES[mode]
+    matmul_precision(prec)
+    monkeypatch.setattr(K.configs, "OVERRIDES", overrides)
+    q, k, v, rel_h, rel_w, dout = make_inputs(b, hk * wk, hk, wk, d, d, dtype, seed=b + wk)
+    out, lse = K.forward(q, k, v, rel_h, rel_w, 0.3)
+    out4, lse4 = K.forward(q, k, v, rel_h, rel_w, 0.3, heads=heads)
+    assert out4.shape == (b // heads, hk * wk, heads, d) and out4.is_contiguous()
+    assert torch.equal(out4, out.unflatten(0, (-1, heads)).transpose(1, 2)) and torch.equal(lse4, lse)
+    # dout as [B // heads, N, heads, Dv]: features-major memory, heads-last, heads-first, and expanded (sum().backward())
+    dout_heads_first = dout.contiguous()
+    ones = torch.ones((), dtype=dtype, device=DEVICE)
+    upstreams = [(dout, dout.unflatten(0, (-1, heads)).transpose(1, 2)),
+                 (dout, dout.unflatten(0, (-1, heads)).transpose(1, 2).contiguous()),
+                 (dout_heads_first, dout_heads_first.unflatten(0, (-1, heads)).transpose(1, 2)),
+                 (ones.expand(out.shape), ones.expand(out4.shape))]
+    for i, (dout3, dout4) in enumerate(upstreams):
+        grads = K.backward(dout3, q, k, v, rel_h, rel_w, out, lse, 0.3)
+        grads4 = K.backward(dout4, q, k, v, rel_h, rel_w, out4, lse4, 0.3)
+        for name, g, g4 in zip(NAMES[2:], grads, grads4):
+            assert torch.equal(g4, g), (i, name)
+
+
 # (batch, grid hk x wk, head dim, mode, overrides): R > 1 and R == 1 key tiles, RH_SELECT, the 16-bit bias copies
 # and the fp32 K-major copies (which copy the terms from their grid layout), one fused backward launch
 GRID_TERMS = [

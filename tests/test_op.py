@@ -91,6 +91,27 @@ def test_rel_terms_as_query_grid_through_the_op():
         torch.library.opcheck(bwd.default, (dout, *args, out, lse, 0.4))
 
 
+@pytest.mark.parametrize("name", ["rel_pos_attention", "rel_pos_attention_inductor"])  # opaque, triton_op
+def test_heads_last_output_and_its_gradients(name):
+    # heads=3: out [B, N, heads, Dv] (the rewrite's choice where the model reads heads next to features), the values of
+    # the heads-first output; gradients through it those of the heads-first op; bad heads named before any work
+    fwd = getattr(torch.ops.samhq, name)
+    inputs = rand_inputs(6, (3, 4), (3, 4), 8, requires_grad=True, seed=7)
+    out, _ = fwd(*inputs, 0.4)
+    out4, _ = fwd(*inputs, 0.4, 3)
+    assert out4.shape == (2, 12, 3, 8) and out4.is_contiguous()
+    assert torch.equal(out4, out.unflatten(0, (2, 3)).transpose(1, 2))
+    dout = torch.randn_like(out)
+    want = torch.autograd.grad(out, inputs, dout)
+    got = torch.autograd.grad(out4, inputs, dout.unflatten(0, (2, 3)).transpose(1, 2))
+    for name_, g, w in zip(("q", "k", "v", "rel_h", "rel_w"), got, want):
+        assert torch.equal(g, w), name_
+    args = [t.detach() for t in inputs]
+    torch.library.opcheck(fwd.default, (*args, 0.4, 3))
+    with pytest.raises(ValueError, match="`heads` must be an int >= 1 dividing q.shape"):
+        fwd(*args, 0.4, 4)
+
+
 def test_compiles_with_inductor_and_dynamic_batch():
     f = torch.compile(lambda *a: samhq_fx.rel_pos_attention(*a, scale=0.5), backend="inductor", dynamic=True)
     for b in (2, 3):
@@ -154,7 +175,7 @@ def test_kernel_failure_falls_back_to_reference_with_one_warning(monkeypatch, ca
 
     calls = []
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         calls.append(1)
         raise RuntimeError("CompilationError: simulated")
 
@@ -238,11 +259,11 @@ def test_backward_kernel_failure_keeps_the_forward_kernel(monkeypatch):
 
     fwd_calls = []
 
-    def forward(*args):
+    def forward(*args, heads=1):
         fwd_calls.append(1)
         return reference.forward(*args)
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         raise RuntimeError("OutOfResources: simulated")
 
     monkeypatch.setattr(op, "_kernel_skip_reason", lambda *a: None)

@@ -136,6 +136,76 @@ def test_spelling_is_fused_and_exact(fn, heads_dim):
     check_spelling(fn, heads_dim)
 
 
+# --- the output's layout: heads-last where the model reads heads next to features ---------------
+
+PROJ = torch.randn(HEADS * D, 6, generator=torch.Generator().manual_seed(1))
+
+
+def _projected(out):  # [B*heads, N, D] or [B, heads, N, D] -> heads next to features, then a projection (SAM's)
+    x = out.view(B, HEADS, GH, GW, D).permute(0, 2, 3, 1, 4).reshape(B, GH, GW, HEADS * D)
+    return x @ PROJ.to(x.dtype)
+
+
+def hf_eager_projected(*args):
+    return _projected(hf_eager(*args))
+
+
+def hf_sdpa_projected(*args):
+    return _projected(hf_sdpa(*args))
+
+
+def post_scaled_4d_projected(*args):
+    return _projected(post_scaled_4d(*args))
+
+
+def transposed_projected(*args):  # MViTv2's: heads next to features by a transpose
+    x = hf_sdpa(*args).transpose(1, 2).reshape(B, N, HEADS * D)
+    return x @ PROJ.to(x.dtype)
+
+
+def two_paths_into_one(*args):  # one node takes the output twice (a * 2 + a): it runs once both inputs are heads-last
+    a = hf_eager(*args).view(B, HEADS, GH, GW, D)
+    return _projected((a * 2 + a).view(B, HEADS, N, D))
+
+
+def projected_then_written(*args):  # heads-last would make x a view of the output the op saves for its backward
+    x = hf_sdpa(*args).view(B, HEADS, GH, GW, D).permute(0, 2, 3, 1, 4).reshape(B, GH, GW, HEADS * D)
+    x.mul_(0.5)
+    return x @ PROJ.to(x.dtype)
+
+
+def heads_merged_with_batch(*args):  # a view heads-last memory cannot give: the output stays heads-first
+    return hf_sdpa(*args).view(B * HEADS, N * D).sin()
+
+
+def reshaped_heads_first(*args):  # a view of heads-first memory that heads-last would turn into a copy
+    return hf_sdpa(*args).reshape(B * HEADS, N * D).sin()
+
+
+# (fn, q with a heads dim, heads the output is written with): a graph output stays heads-first too
+LAYOUTS = [(hf_eager_projected, False, HEADS), (hf_sdpa_projected, False, HEADS),
+           (post_scaled_4d_projected, True, HEADS), (transposed_projected, False, HEADS),
+           (two_paths_into_one, False, HEADS), (projected_then_written, False, 1), (heads_merged_with_batch, False, 1),
+           (reshaped_heads_first, False, 1), (hf_sdpa, False, 1)]
+
+
+@pytest.mark.parametrize("fn,heads_dim,heads", LAYOUTS, ids=[f.__name__ for f, _, _ in LAYOUTS])
+def test_output_is_heads_last_where_the_model_reads_it_so(fn, heads_dim, heads, tmp_path):
+    fresh_compile_state()
+    args = inputs(heads_dim=heads_dim)
+    ref_args = [t.detach().double().requires_grad_() for t in args]
+    ref = fn(*ref_args)
+    out = torch.compile(fn, backend="samhq", options={"samhq.dump_dir": str(tmp_path)})(*args)
+    report = (tmp_path / "graph_1_report.txt").read_text()
+    assert counters["samhq"]["fused"] == 1, report
+    assert (f"heads-last ({HEADS} heads)" in report) == (heads > 1), report
+    assert (err := rel_err(out, ref)) < 1e-5, f"output {err:.3g}"
+    dout = torch.randn_like(ref)
+    for name, g, e in zip("q k v rel_h rel_w".split(), torch.autograd.grad(out, args, dout.float()),
+                          torch.autograd.grad(ref, ref_args, dout)):
+        assert (err := rel_err(g, e)) < 1e-5, f"{name} grad {err:.3g}"
+
+
 # --- look-alikes that must be left alone, with a reason --------------------------------------
 
 

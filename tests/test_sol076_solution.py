@@ -50,7 +50,7 @@ def test_entry_with_the_triton_kernels_7x7x1(monkeypatch):
     kernels = samhq_op._kernels
     for name in ("forward", "backward"):
         real = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+        monkeypatch.setattr(kernels, name, lambda *a, _r=real, _n=name, **kw: calls.append(_n) or _r(*a, **kw))
     if DEVICE == "cpu":
         monkeypatch.setattr(samhq_op, "_kernel_skip_reason", lambda *a: None)  # interpreter on CPU tensors
     _check((7, 7, 1), seed=0)
