@@ -177,7 +177,7 @@ def _batches(n_q: int, heads: int = 1) -> list[int]:
     limits = {v for _, cond, _, _ in configs.TABLE for key, v in cond.items() if key in ("min_rows", "max_rows")}
     rows = {1, 1 << 24} | {r for v in limits for r in (v - 1, v, v + 1) if r > 0}
     per = n_q * heads  # rows a batch of one image takes; each row count is taken on both sides
-    return sorted({heads * max(1, f(r)) for r in rows for f in (lambda r: r // per, lambda r: -(-r // per))})
+    return sorted({heads * max(1, k) for r in rows for k in (r // per, -(-r // per))})
 
 
 @contextlib.contextmanager

@@ -133,15 +133,13 @@ def apply_match(graph: Graph, m: Match, fused_op=torch.ops.samhq.rel_pos_attenti
         fused = em.function(fused_op, q, k, v, rel_h, rel_w, float(m.scale))
     out = em.function(operator.getitem, fused, 0)
     target = shape(m.output)
-    if heads > 1:  # [B', N, heads, Dv] -> [B', heads, N, Dv], then B' as target's batch dims
+    if heads > 1:  # [B', N, heads, Dv] -> [B', heads, N, Dv]: B' is target's dims before heads
         out = em.method("transpose", out, 1, 2)
-        if len(target) > 4:
-            sizes = tuple(s if is_static(s) else em.method("size", m.v, i) for i, s in enumerate(target[:-3]))
-            out = em.method("unflatten", out, 0, sizes)
-    elif len(target) == 2:
+    batch = target[:-3] if heads > 1 else target[:-2]
+    if len(target) == 2:
         out = em.method("squeeze", out, 0)
-    elif len(target) > 3:
-        sizes = tuple(s if is_static(s) else em.method("size", m.v, i) for i, s in enumerate(target[:-2]))
+    elif len(batch) > 1:
+        sizes = tuple(s if is_static(s) else em.method("size", m.v, i) for i, s in enumerate(batch))
         out = em.method("unflatten", out, 0, sizes)
     if value(m.output).dtype != value(out).dtype:
         out = em.method("to", out, value(m.output).dtype)
