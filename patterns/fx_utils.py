@@ -37,6 +37,7 @@ _FUNCTIONS: dict[Any, str] = {
     torch.transpose: "transpose", torch.swapaxes: "transpose", torch.swapdims: "transpose", torch.permute: "permute",
     torch.broadcast_to: "expand",
     torch.unsqueeze: "unsqueeze", torch.t: "t", operator.getitem: "getitem",
+    torch.ops.aten.mT: "mT", torch.ops.aten.mT.default: "mT",  # k.mT as Dynamo records it from torch 2.14
 }
 for _name in ("add", "mul", "div", "matmul", "bmm", "baddbmm", "softmax", "reshape", "transpose", "swapaxes",
               "swapdims", "permute", "unsqueeze", "t", "expand"):

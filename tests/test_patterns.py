@@ -318,3 +318,15 @@ def test_einsum_as_matmul_reads_only_batched_matmuls(eq, expect):
     got = einsum_as_matmul(g.call_function(torch.einsum, (eq, a, b)))
     assert (got and (got[0].name, got[1].name, got[2])) == (expect if expect else None)
     assert einsum_as_matmul(g.call_function(torch.einsum, (eq, [a, b]))) == got  # operands as one list
+
+
+@pytest.mark.parametrize("spelling", ["getattr", "aten.mT", "aten.mT.default"])
+def test_k_mT_is_k_transposed_however_dynamo_records_it(spelling):
+    # Dynamo records k.mT as an attribute read (torch 2.13) or as a call of aten.mT (torch 2.14): both are k^T
+    from samhq_fx.patterns.fx_utils import is_last_two_swapped, op_name
+
+    g = torch.fx.Graph()
+    k = g.placeholder("k")
+    target = {"getattr": getattr, "aten.mT": torch.ops.aten.mT, "aten.mT.default": torch.ops.aten.mT.default}[spelling]
+    node = g.call_function(target, (k, "mT") if spelling == "getattr" else (k,))
+    assert op_name(node) == "mT" and is_last_two_swapped(node, 3) and not is_last_two_swapped(node, 1)
