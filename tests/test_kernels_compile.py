@@ -1,9 +1,10 @@
 """The kernels compile and fit on every GPU architecture class, with the argument types Inductor gives user kernels.
 
 tests/cross_compile.py records every launch at SAM's shapes and compiles each for sm_80 to sm_120 on the CPU (Triton's
-bundled ptxas, no GPU), with this suite's Triton and with Triton 3.6 (the GPU image's), typed as Inductor types user
-kernels: seen on the H200, a Python float argument is an fp64 scalar under Inductor, which silently turned the scores
-and accumulators fp64 and failed a tl.dot type check that a direct launch never hits.
+bundled ptxas, no GPU), with this suite's Triton and with Tritons 3.6 (the GPU image's), 3.7 and 3.8 (the series torch
+2.12 and 2.14 install), typed as Inductor types user kernels: seen on the H200, a Python float argument is an fp64
+scalar under Inductor, which silently turned the scores and accumulators fp64 and failed a tl.dot type check that a
+direct launch never hits.
 """
 
 import json
@@ -30,8 +31,9 @@ def run_check(script: str | Path, *args: str, env: dict | None = None, timeout: 
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# Triton 3.6, the GPU image's, beside the suite's own (.ci/run installs it here with pip --target)
-TRITON36 = ROOT / ".ci-triton36"
+# other Tritons beside the suite's own, each in a folder of its own (.ci/run installs them there with pip --target):
+# 3.6, the GPU image's; 3.7 and 3.8, what torch 2.12 and 2.14 install
+OTHER_TRITONS = {"3.6.0": ROOT / ".ci-triton36", "3.7.1": ROOT / ".ci-triton37", "3.8.0": ROOT / ".ci-triton38"}
 # what CI compiles (a cold compile of each launch is 1-5 s on CI's 2 cores): every class but sm_89 (it takes sm_86's
 # rows: same shared memory, no capability condition between them; tests/test_arch_rows.py checks that), bf16 / TF32 /
 # 3-pass TF32 (fp16 takes bf16's configs: the table tells 16-bit dtypes apart by fp32=False only), ViT-B and ViT-H
@@ -43,7 +45,9 @@ TRITON36 = ROOT / ".ci-triton36"
 CI_ARGS = ("--arch", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "--mode", "bf16", "tf32", "tf32x3",
            "--model", "B", "H", "--batch", "1", "--quiet")
 CI_ARGS_OWN = CI_ARGS + ("--px", "1024", "256")
-CI_ARGS_36 = CI_ARGS + ("--px", "1024", "--no-extras")
+CI_ARGS_OTHER = {"3.6.0": CI_ARGS + ("--px", "1024", "--no-extras"),  # 3.7 / 3.8: 256 px too, where 3.8 misfit
+                 "3.7.1": CI_ARGS + ("--px", "1024", "256", "--no-extras"),
+                 "3.8.0": CI_ARGS + ("--px", "1024", "256", "--no-extras")}
 
 
 def cross_compile(tmp_path, args: tuple, env: dict | None = None) -> list[dict]:
@@ -67,15 +71,18 @@ def test_every_launch_fits_every_architecture(tmp_path):
     assert any("padded to 128" in r["shapes"][0] for r in rows) and any("RH_SELECT" in r["shapes"][0] for r in rows)
 
 
-def test_every_launch_fits_with_the_gpu_images_triton(tmp_path):
-    # the same with Triton 3.6, the H200 image's: another version allocates registers and tensor memory its own way
-    # (3.6 gave the sm_100 'highest' dQ 640 tensor-memory columns where 3.9 gives 256)
-    if not (TRITON36 / "triton").is_dir():
-        pytest.skip(f"no Triton 3.6 in {TRITON36} (.ci/run installs it: pip install --no-deps --target "
-                    f"{TRITON36.name} triton==3.6.0)")
-    rows = cross_compile(tmp_path, CI_ARGS_36, env={"PYTHONPATH": os.pathsep.join(
-        [str(TRITON36), *filter(None, [os.environ.get("PYTHONPATH")])])})
-    assert {r["triton"] for r in rows} == {"3.6.0"}
+@pytest.mark.parametrize("version", list(OTHER_TRITONS))
+def test_every_launch_fits_with_other_tritons(tmp_path, version):
+    # the same with the GPU image's Triton and with torch 2.12's and 2.14's: another version allocates registers,
+    # shared and tensor memory its own way (3.6 gave the sm_100 'highest' dQ 640 tensor-memory columns where 3.9 gives
+    # 256; 3.8 needed 112 KB for the 99 KB classes' 'highest' dQ at 2 stages where 3.9 needs 96)
+    folder = OTHER_TRITONS[version]
+    if not (folder / "triton").is_dir():
+        pytest.skip(f"no Triton {version} in {folder} (.ci/run installs it: pip install --no-deps --target "
+                    f"{folder.name} triton=={version})")
+    rows = cross_compile(tmp_path, CI_ARGS_OTHER[version], env={"PYTHONPATH": os.pathsep.join(
+        [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert {r["triton"] for r in rows} == {version}
     assert {r["arch"] for r in rows} == {"sm_80", "sm_86", "sm_90", "sm_100", "sm_120"}
 
 
