@@ -253,7 +253,18 @@ def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) 
         return []
     workers = workers or min(8, os.cpu_count() or 1, len(todo))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda pair: build(*pair), todo))
+        built = list(pool.map(lambda pair: build(*pair), todo))
+    # CPython builds AST objects with a process-wide recursion counter, so Triton parsing kernels in two threads at once
+    # can fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI, Python 3.11): such a launch is
+    # built again here, alone, rather than reported as not building
+    for i, b in enumerate(built):
+        if b.error and _THREAD_RACE in b.error:
+            _built.pop((b.launch, b.arch), None)
+            built[i] = build(*todo[i])
+    return built
+
+
+_THREAD_RACE = "recursion depth mismatch"
 
 
 def misfit(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> str | None:

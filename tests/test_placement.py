@@ -117,3 +117,22 @@ def test_each_architecture_fuses_or_leaves_the_layer_to_inductor_with_the_reason
             assert verdict == "SKIPPED" and f"left to Inductor: the kernels do not fit {name}: {want}" in report, row
         if dtype == "torch.bfloat16":  # bf16 fits every architecture's shared memory at SAM's global layer
             assert verdict == "FUSED", row
+
+
+def test_a_launch_that_lost_a_thread_race_in_cpythons_ast_is_built_again(monkeypatch):
+    # two threads parsing kernels at once can trip CPython's AST recursion counter (a SystemError, seen in CI): the
+    # launch is built again, alone, instead of being reported as not building (the layer then left to Inductor)
+    from samhq_fx.kernels import arch, fit
+
+    target = arch.ARCHS["sm_86"]
+    launches = ["fwd", "bwd:dq", "bwd:dkdv"]  # stand-ins: build() is replaced, nothing compiles
+    calls = []
+
+    def build(launch, a):
+        calls.append(launch)
+        race = calls.count(launch) == 1 and launch is launches[0]
+        return fit.Built(launch, a, error="SystemError: AST constructor recursion depth mismatch" if race else None)
+
+    monkeypatch.setattr(fit, "build", build)
+    built = fit.build_all([(launch, target) for launch in launches], workers=2)
+    assert [b.error for b in built] == [None] * len(launches) and calls.count(launches[0]) == 2
