@@ -31,24 +31,24 @@ def run_check(script: str | Path, *args: str, env: dict | None = None, timeout: 
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# other Tritons beside the suite's own, each in a folder of its own (.ci/run installs them there with pip --target):
-# 3.6, the GPU image's; 3.7 and 3.8, what torch 2.12 and 2.14 install
-OTHER_TRITONS = {"3.6.0": ROOT / ".ci-triton36", "3.7.1": ROOT / ".ci-triton37", "3.8.0": ROOT / ".ci-triton38"}
 # what CI compiles (a cold compile of each launch is 1-5 s on CI's 2 cores): every class but sm_89 (it takes sm_86's
 # rows: same shared memory, no capability condition between them; tests/test_arch_rows.py checks that), bf16 / TF32 /
 # 3-pass TF32 (fp16 takes bf16's configs: the table tells 16-bit dtypes apart by fp32=False only), ViT-B and ViT-H
 # (ViT-L's launches are ViT-B's at other row counts, the same classes), batch 1. This suite's Triton: 1024 and 256 px
-# (split and fused launches, wide and narrow grids) and the extras; Triton 3.6: 1024 px (the global and window layers
-# SAM is trained at). Left to the full run: 512 px (32x32 grids, key tiles of two grid rows), batch 8 (split fp32
-# launches on 16x16 grids), sm_89, fp16, ViT-L. Both take under 13 minutes on 2 cores with a cold Triton cache;
-# `python tests/cross_compile.py` compiles it all
+# (split and fused launches, wide and narrow grids) and the extras. Left to the full run: 512 px (32x32 grids, key
+# tiles of two grid rows), batch 8 (split fp32 launches on 16x16 grids), sm_89, fp16, ViT-L; `python
+# tests/cross_compile.py` compiles it all. A cold CI run, these compiles included, took 25 minutes on 2 cores
 CI_ARGS = ("--arch", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "--mode", "bf16", "tf32", "tf32x3",
            "--model", "B", "H", "--batch", "1", "--quiet")
 CI_ARGS_OWN = CI_ARGS + ("--px", "1024", "256")
-CI_ARGS_OTHER = {"3.6.0": CI_ARGS + ("--px", "1024", "--no-extras"),  # 3.7 / 3.8: 256 px too, where 3.8 misfit
-                 "3.7.1": CI_ARGS + ("--px", "1024", "256", "--no-extras"),
-                 "3.8.0": CI_ARGS + ("--px", "1024", "256", "--no-extras")}
+# other Tritons beside the suite's own -> the image sizes compiled with each: 3.6, the GPU image's, at 1024 px (the
+# global and window layers SAM is trained at); 3.7 and 3.8, what torch 2.12 and 2.14 install, at 256 px too (where
+# 3.8 needed more shared memory than 3.9). .ci/run installs each with pip --target in .ci-triton<major><minor>
+OTHER_TRITONS = {"3.6.0": ("1024",), "3.7.1": ("1024", "256"), "3.8.0": ("1024", "256")}
 
+
+def triton_folder(version: str) -> Path:
+    return ROOT / (".ci-triton" + "".join(version.split(".")[:2]))
 
 def cross_compile(tmp_path, args: tuple, env: dict | None = None) -> list[dict]:
     out = tmp_path / "rows.json"
@@ -76,11 +76,12 @@ def test_every_launch_fits_with_other_tritons(tmp_path, version):
     # the same with the GPU image's Triton and with torch 2.12's and 2.14's: another version allocates registers,
     # shared and tensor memory its own way (3.6 gave the sm_100 'highest' dQ 640 tensor-memory columns where 3.9 gives
     # 256; 3.8 needed 112 KB for the 99 KB classes' 'highest' dQ at 2 stages where 3.9 needs 96)
-    folder = OTHER_TRITONS[version]
+    folder = triton_folder(version)
     if not (folder / "triton").is_dir():
         pytest.skip(f"no Triton {version} in {folder} (.ci/run installs it: pip install --no-deps --target "
                     f"{folder.name} triton=={version})")
-    rows = cross_compile(tmp_path, CI_ARGS_OTHER[version], env={"PYTHONPATH": os.pathsep.join(
+    args = CI_ARGS + ("--px", *OTHER_TRITONS[version], "--no-extras")
+    rows = cross_compile(tmp_path, args, env={"PYTHONPATH": os.pathsep.join(
         [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert {r["triton"] for r in rows} == {version}
     assert {r["arch"] for r in rows} == {"sm_80", "sm_86", "sm_90", "sm_100", "sm_120"}
