@@ -67,8 +67,11 @@ def _heads_last_uses(m: Match, heads: int, fake_mode) -> dict | None:
     users, or an in-place write to what would then share the output's memory (the op saves it for the backward).
     Users are re-run in graph order on fake values, old and new, until each new value has its old shape and strides
     again (SAM's reshape to [B, H, W, C], a copy before, is then a view)."""
-    old = value(m.output)
+    # the baseline is the op's own heads-first output ([*batch, heads, N, Dv] contiguous), not the matched node's
+    # recorded value: SDPA's efficient and flash kernels already write heads-last, so against their strides the
+    # reshape was a view either way and heads-last looked like no saving, while the op's output then cost the copy
     with fake_mode:
+        old = value(m.output).new_empty(value(m.output).shape)
         if old.dim() >= 4:
             *lead, h, n, dv = old.shape
             new = old.new_empty((*lead, n, h, dv)).transpose(-3, -2)

@@ -158,6 +158,12 @@ def post_scaled_4d_projected(*args):
     return _projected(post_scaled_4d(*args))
 
 
+def heads_last_qkv_projected(q, k, v, rel_h, rel_w):  # HF's q / k / v, views of one [B, N, 3, heads, D] projection
+    bias = (rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]).reshape(B, HEADS, N, N)
+    q4, k4, v4 = (t.view(B, N, HEADS, D).transpose(1, 2) for t in (q, k, v))
+    return _projected(F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias))
+
+
 def transposed_projected(*args):  # MViTv2's: heads next to features by a transpose
     x = hf_sdpa(*args).transpose(1, 2).reshape(B, N, HEADS * D)
     return x @ PROJ.to(x.dtype)
@@ -184,7 +190,8 @@ def reshaped_heads_first(*args):  # a view of heads-first memory that heads-last
 
 # (fn, q with a heads dim, heads the output is written with): a graph output stays heads-first too
 LAYOUTS = [(hf_eager_projected, False, HEADS), (hf_sdpa_projected, False, HEADS),
-           (post_scaled_4d_projected, True, HEADS), (transposed_projected, False, HEADS),
+           (post_scaled_4d_projected, True, HEADS), (heads_last_qkv_projected, False, HEADS),
+           (transposed_projected, False, HEADS),
            (two_paths_into_one, False, HEADS), (projected_then_written, False, 1), (heads_merged_with_batch, False, 1),
            (reshaped_heads_first, False, 1), (hf_sdpa, False, 1)]
 
@@ -204,6 +211,19 @@ def test_output_is_heads_last_where_the_model_reads_it_so(fn, heads_dim, heads, 
     for name, g, e in zip("q k v rel_h rel_w".split(), torch.autograd.grad(out, args, dout.float()),
                           torch.autograd.grad(ref, ref_args, dout)):
         assert (err := rel_err(g, e)) < 1e-5, f"{name} grad {err:.3g}"
+
+
+def test_heads_last_where_sdpa_wrote_heads_last_already(tmp_path):
+    # without grad, SDPA's recorded output on HF's q / k / v is heads-last already (as its CUDA kernels' always is):
+    # the reshape after it is a view there, but after the op's heads-first output it would be a copy kernel
+    fresh_compile_state()
+    args = inputs()
+    ref = heads_last_qkv_projected(*[t.detach().double() for t in args])
+    with torch.no_grad():
+        out = torch.compile(heads_last_qkv_projected, backend="samhq", options={"samhq.dump_dir": str(tmp_path)})(*args)
+    report = (tmp_path / "graph_1_report.txt").read_text()
+    assert counters["samhq"]["fused"] == 1 and f"heads-last ({HEADS} heads)" in report, report
+    assert (err := rel_err(out, ref)) < 1e-5, f"output {err:.3g}"
 
 
 # --- look-alikes that must be left alone, with a reason --------------------------------------
