@@ -114,9 +114,40 @@ def recipe(impl: Impl, what: str, options: dict | None = None) -> str:
 
 
 def parse(spec: str | None, default: tuple[str, ...], known: dict = IMPLS) -> tuple[str, ...]:
-    """--impls: a comma list, 'all', or None for `default`; SystemExit naming the unknown ones."""
+    """--impls: a comma list, 'all', or None for `default`; SystemExit naming the unknown ones. A compiled impl may
+    take compile options as `+KEY=VALUE` suffixes (`samhq-sdpa+reorder_for_peak_memory=False`: an Inductor option;
+    `samhq.` keys are samhq's): the derived impl is added to `known` under that name, which its rows then carry."""
     names = tuple(known) if spec == "all" else tuple(s.strip() for s in (spec or ",".join(default)).split(",") if s.strip())
+    for name in names:
+        if name not in known and "+" in name:
+            derived = _with_options(name, known)
+            if derived is not None:
+                known[name] = derived
     bad = [n for n in names if n not in known]
     if bad:
-        raise SystemExit(f"unknown impls {bad}; known: {', '.join(known)}")
+        raise SystemExit(f"unknown impls {bad}; known: {', '.join(known)} (a compiled one with +KEY=VALUE options)")
     return names
+
+
+def _with_options(name: str, known: dict) -> Impl | None:
+    """The impl `base+KEY=VALUE+...` names (VALUE a Python literal), or None where base is unknown or not compiled;
+    SystemExit for a suffix that is not KEY=VALUE."""
+    import ast
+    from dataclasses import replace
+
+    base, *suffixes = name.split("+")
+    impl = known.get(base)
+    if impl is None or impl.backend is None:
+        return None
+    options = list(impl.options)
+    for suffix in suffixes:
+        key, eq, text = suffix.partition("=")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = eq = None
+        if not key or not eq:
+            raise SystemExit(f"impl {name!r}: {suffix!r} is not KEY=VALUE with a Python literal (e.g. "
+                             f"reorder_for_peak_memory=False)")
+        options.append((key, value))
+    return replace(impl, options=tuple(options))

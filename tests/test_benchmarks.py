@@ -182,6 +182,24 @@ def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
         impls.parse("samhq,bogus", ())
 
 
+def test_impls_take_compile_options_as_suffixes():
+    import impls
+
+    known = dict(impls.IMPLS)
+    name = "samhq-sdpa-ro+reorder_for_peak_memory=False+samhq.memory_budget=0.5"
+    assert impls.parse(f"inductor,{name}", (), known) == ("inductor", name)
+    assert known[name].options == (("reorder_for_peak_memory", False), ("samhq.memory_budget", 0.5))
+    assert impls.compile_kwargs(known[name])["options"] == {"reorder_for_peak_memory": False,
+                                                            "samhq.memory_budget": 0.5, "samhq.mode": "reduce-overhead"}
+    assert name not in impls.IMPLS  # added to the table given, not to the module's
+    with pytest.raises(SystemExit, match="is not KEY=VALUE"):
+        impls.parse("samhq-sdpa+reorder_for_peak_memory", (), known)
+    with pytest.raises(SystemExit, match="is not KEY=VALUE"):
+        impls.parse("samhq-sdpa+max_autotune=yes", (), known)  # not a Python literal
+    with pytest.raises(SystemExit, match="unknown impls"):  # uncompiled, or no such base
+        impls.parse("eager-sdpa+max_autotune=True,bogus+max_autotune=True", (), known)
+
+
 def test_shard_balances_cost():
     cost = {"a": 90, "b": 20, "c": 20, "d": 20, "e": 20, "f": 3}.__getitem__
     shards = common.shard(list("abcdef"), cost, 3)
