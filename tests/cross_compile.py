@@ -75,8 +75,8 @@ SHAPES = [SamShape(m, layer, px, b) for m in MODELS for layer in ("global", "win
 
 # 16-bit launches that may spill, with the figure: (classes, kernel, head dim, key tile of dQ's blocks (the forward's
 # for "fwd"), most stack bytes per thread by Triton version (one not named: none may spill), why). fp16 takes bf16's
-# entries (the same configs). CI compiles with 3.6 and 3.9; the 3.7 / 3.8 figures are what torch 2.12 / 2.14's
-# Tritons give (benchmarks/DECISIONS.md, "Tritons 3.7 and 3.8")
+# entries (the same configs). CI compiles with 3.6, 3.7, 3.8 and 3.9 (3.7 / 3.8: what torch 2.12 / 2.14 install;
+# benchmarks/DECISIONS.md, "Tritons 3.7 and 3.8")
 ALLOWED_SPILLS: list[tuple[tuple[str, ...], str, int, int, dict[str, int], str]] = [
     (("sm_120",), "bwd:dq", 80, 64, {"3.6": 8, "3.7": 112, "3.8": 80, "3.9": 88},
      "ViT-H global dQ on sm_120, SPLIT_ROW 64 / 4 warps (plain: 152-272 B)"),
@@ -106,10 +106,11 @@ def key_tile(launch: fit.Launch) -> int:
 
 def allowed_spills(built: fit.Built) -> tuple[int, str] | None:
     """(most bytes, why) where ALLOWED_SPILLS names this 16-bit launch for the installed Triton, else None."""
+    version = _triton_version()
     for archs, kernel, d, tile, most, why in ALLOWED_SPILLS:
         if (built.arch.name in archs and built.launch.kernel == kernel and head_dim(built.launch) == d
-                and key_tile(built.launch) == tile and _triton_version() in most):
-            return most[_triton_version()], why
+                and key_tile(built.launch) == tile and version in most):
+            return most[version], why
     return None
 
 
