@@ -16,8 +16,9 @@ options=; README "Options").
 
 from __future__ import annotations
 
+import ast
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,6 @@ def parse(spec: str | None, default: tuple[str, ...], known: dict = IMPLS) -> tu
 def _with_options(name: str, known: dict) -> Impl | None:
     """The impl `base+KEY=VALUE+...` names (VALUE a Python literal), or None where base is unknown or not compiled;
     SystemExit for a suffix that is not KEY=VALUE."""
-    import ast
-    from dataclasses import replace
-
     base, *suffixes = name.split("+")
     impl = known.get(base)
     if impl is None or impl.backend is None:
@@ -143,11 +141,10 @@ def _with_options(name: str, known: dict) -> Impl | None:
     for suffix in suffixes:
         key, eq, text = suffix.partition("=")
         try:
-            value = ast.literal_eval(text)
+            if not (key and eq):
+                raise ValueError(suffix)
+            options.append((key, ast.literal_eval(text)))
         except (ValueError, SyntaxError):
-            value = eq = None
-        if not key or not eq:
             raise SystemExit(f"impl {name!r}: {suffix!r} is not KEY=VALUE with a Python literal (e.g. "
-                             f"reorder_for_peak_memory=False)")
-        options.append((key, value))
+                             f"reorder_for_peak_memory=False)") from None
     return replace(impl, options=tuple(options))

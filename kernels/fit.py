@@ -247,6 +247,10 @@ def _registers(compiled) -> tuple[int, int]:
     return (int(usage.group(1)), int(usage.group(2))) if usage else (0, 0)
 
 
+# what CPython's AST constructor says when two threads parse at once (build_all builds such a launch again)
+_THREAD_RACE = "recursion depth mismatch"
+
+
 def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) -> list[Built]:
     """build() for each (launch, target), in threads (ptxas runs as a subprocess); results in `todo`'s order."""
     if not todo:
@@ -262,9 +266,6 @@ def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) 
             _built.pop((b.launch, b.arch), None)
             built[i] = build(*todo[i])
     return built
-
-
-_THREAD_RACE = "recursion depth mismatch"
 
 
 def misfit(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> str | None:

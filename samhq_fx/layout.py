@@ -70,8 +70,9 @@ def _heads_last_uses(m: Match, heads: int, fake_mode) -> dict | None:
     # the baseline is the op's own heads-first output ([*batch, heads, N, Dv] contiguous), not the matched node's
     # recorded value: SDPA's efficient and flash kernels already write heads-last, so against their strides the
     # reshape was a view either way and heads-last looked like no saving, while the op's output then cost the copy
+    recorded = value(m.output)
     with fake_mode:
-        old = value(m.output).new_empty(value(m.output).shape)
+        old = recorded.new_empty(recorded.shape)
         if old.dim() >= 4:
             *lead, h, n, dv = old.shape
             new = old.new_empty((*lead, n, h, dv)).transpose(-3, -2)

@@ -50,6 +50,7 @@ OTHER_TRITONS = {"3.6.0": ("1024",), "3.7.1": ("1024", "256"), "3.8.0": ("1024",
 def triton_folder(version: str) -> Path:
     return ROOT / (".ci-triton" + "".join(version.split(".")[:2]))
 
+
 def cross_compile(tmp_path, args: tuple, env: dict | None = None) -> list[dict]:
     out = tmp_path / "rows.json"
     stdout = run_check("cross_compile.py", *args, "--json", str(out), env=env, timeout=1800)
