@@ -75,8 +75,9 @@ WK_32 = 32  # 32x32 grids (SAM's global layer at 512 px): 64-query dQ on mma.syn
 # Query rows in all (rows = batch * heads * queries; the row figures are at 12 heads).
 ROWS_SMALL_FP32 = 8192  # fp32 on grids 9 to 16 wide: up to this many rows one fused backward launch wins (14x14x2,
 #                         4704 rows: 64.0 -> 58.5 us), above it split launches (14x14x8, 18816 rows: 140 vs 145 us)
-ROWS_TINY_16BIT = 8192  # sm_90, 16-bit: from this many rows up 32-query dK/dV steps at 2 stages win in the fused launch
-#                         (14x14x48, 9408 rows: 35.8 -> 30.7 us); below, 64 at 3 do (16x16x12, 3072 rows: 21.4 vs 23.6)
+ROWS_TINY_16BIT = 8192  # sm_90 / sm_100, 16-bit: from this many rows up 32-query dK/dV steps at 2 stages win in the
+#                         fused launch (14x14x48, 9408 rows: 35.8 -> 30.7 us); below, 64 at 3 do (16x16x12, 3072 rows:
+#                         21.4 vs 23.6)
 ROWS_SMALL_16BIT = 40000  # 16-bit: up to this many rows one fused backward launch wins (56x56x1, 37632 rows: 473 ->
 #                           447 us); above it split launches do (32x32x4, 49152 rows: 234 vs 249 us), and so do
 #                           dK/dV's 32-query steps and, on grids up to 16 wide, its bias copies (7x7x64, 37632 rows:
@@ -196,19 +197,21 @@ TABLE = [
      "fp32 D=80 fused backward at 14x14, 2 stages: 177 KB 'high', 188 KB 'highest' (253 KB at 3)"),
     ("dkdv", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
      dict(num_stages=2), "the fused launch's stages (row above: 177 KB at 2 stages)"),
-    # ---- sm_90, 16-bit fused backward on 9- to 16-wide grids with ROWS_TINY_16BIT rows or more: configs that a CPU
-    # search found spill-free with Tritons 3.6 to 3.9 (the rows above spilled 8-112 B there) and the H200 ran faster,
-    # fwd + bwd (B x grid x head dim): 48 x 14x14 x 64 35.8 -> 30.7 us, 96 x 16x16 x 64 51.8 -> 48.9, 64 x 14x14 x 80
-    # 54.5 -> 51.3. Below that many rows they lose (12 x 16x16 x 64 21.4 -> 23.6 us, 16 x 16x16 x 80 29.1 -> 36.8)
-    ("dkdv", dict(fp32=False, min_cc=90, max_cc=90, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_TINY_16BIT,
+    # ---- sm_90 and sm_100, 16-bit fused backward on 9- to 16-wide grids with ROWS_TINY_16BIT rows or more: configs
+    # that compile spill-free with Tritons 3.6 to 3.9 for both (the rows above spilled 8-128 B there; sm_100 compiled
+    # only, tests/cross_compile.py) and that the H200 ran faster, fwd + bwd (B x grid x head dim): 48 x 14x14 x 64
+    # 35.8 -> 30.7 us, 96 x 16x16 x 64 51.8 -> 48.9, 64 x 14x14 x 80 54.5 -> 51.3. Below that many rows they lose (12
+    # x 16x16 x 64 21.4 -> 23.6 us, 16 x 16x16 x 80 29.1 -> 36.8)
+    ("dkdv", dict(fp32=False, min_cc=90, max_cc=119, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_TINY_16BIT,
                   max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=32, num_stages=2),
      "bf16 SAM-B 512 px windows (108 x 14x14) fwd + bwd, H200: 62.1 -> 53.1 us"),
-    ("dq", dict(fp32=False, min_cc=90, max_cc=90, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_TINY_16BIT,
-                max_rows=ROWS_SMALL_16BIT), dict(num_stages=2), "the fused launch's stages (row above: 62.1 -> 53.1 us)"),
-    ("dkdv", dict(fp32=False, min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
+    ("dq", dict(fp32=False, min_cc=90, max_cc=119, min_wk=WK_TINY + 1, max_wk=WK_NARROW, min_rows=ROWS_TINY_16BIT,
+                max_rows=ROWS_SMALL_16BIT), dict(num_stages=2),
+     "the fused launch's stages (row above: 62.1 -> 53.1 us)"),
+    ("dkdv", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
                   min_rows=ROWS_TINY_16BIT, max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=16, num_stages=1),
      "bf16 ViT-H 512 px windows (144 x 14x14 x 80) fwd + bwd, H200: 98.3 -> 89.7 us"),
-    ("dq", dict(fp32=False, min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
+    ("dq", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
                 min_rows=ROWS_TINY_16BIT, max_rows=ROWS_SMALL_16BIT), dict(num_stages=1),
      "the fused launch's stages (row above: 98.3 -> 89.7 us)"),
     # ---- other GPU classes (kernels/arch.py): the rows above, refined to fit a CTA's shared memory and an SM's tensor
