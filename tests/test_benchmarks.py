@@ -670,6 +670,18 @@ def test_profile_kernels_summarizes_an_ncu_export(tmp_path):
                    {"kernel": "_bwd_kernel", "us": pytest.approx(1200.0), "occ %": pytest.approx(12.3)}]
 
 
+def test_eager_op_parts_time_each_piece_of_the_call(monkeypatch):
+    # eager_op --parts on CPU tensors (the interpreter runs the kernels' host functions): every piece is timed
+    import eager_op
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    ts = [torch.randn(s).requires_grad_() for s in [(2, 16, 16)] * 3 + [(2, 16, 4), (2, 16, 4)]]
+    parts = eager_op.parts_ms(ts, torch.randn(2, 16, 16), iters=1)
+    assert list(parts) == ["op fwd + bwd", "op fwd (no grad)", "kernels fwd", "kernels bwd", "8 allocations",
+                           "autograd, no kernels"]
+    assert all(ms > 0 for ms in parts.values()), parts
+
+
 def test_saved_activations_tool_splits_parameters_from_the_rest(tmp_path):
     # the memory-budget measurement: a smaller budget saves fewer non-parameter bytes, every block stays fused
     import saved_activations
