@@ -4,14 +4,15 @@
 
 Results: benchmarks/results/eager_op.jsonl.
 
-Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 windows x 12 heads, 14x14), head dim 64,
-batch 1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the
-host's issue rate and the GPU's work overlap as in a training loop). GPU time: the sum of the kernels' durations per
-call (torch.profiler, CUPTI). `--profile` adds cProfile's top host functions of the same loop, by own and by
-cumulative time. `--parts` times pieces of the call the same way (wall per call): the forward alone, the kernels' host
-functions (forward, backward: their allocations, copies and launches), the eight allocations a call makes, and an
-autograd Function of the same five inputs that launches nothing. A call is host-bound when wall > GPU time. Each row says whether the kernels were launched directly
-(kernels/launcher.py, the default) or through Triton's JITFunction.run (SAMHQ_FX_DIRECT_LAUNCH=0).
+Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 windows x 12 heads, 14x14), head dim 64, batch
+1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the host's
+issue rate and the GPU's work overlap as in a training loop). GPU time: the sum of the kernels' durations per call
+(torch.profiler, CUPTI). `--profile` adds cProfile's top host functions of the same loop, by own and by cumulative time.
+`--parts` times pieces of the call the same way (wall per call): the forward alone, the kernels' host functions
+(forward, backward: their allocations, copies and launches), the eight allocations a call makes, and an autograd
+Function of the same five inputs that launches nothing. A call is host-bound when wall > GPU time. Each row says whether
+the kernels were launched directly (kernels/launcher.py, the default) or through Triton's JITFunction.run
+(SAMHQ_FX_DIRECT_LAUNCH=0).
 """
 
 from __future__ import annotations
