@@ -44,11 +44,12 @@ def step(ts, dout):
     torch.autograd.grad(out, ts, dout)  # the five gradients, none accumulated into .grad
 
 
-def wall_ms(ts, dout, iters: int) -> float:
+def wall_ms(f, iters: int) -> float:
+    """Wall ms per call of `iters` back-to-back f() between two synchronizations."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
-        step(ts, dout)
+        f()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3 / iters
 
@@ -115,15 +116,7 @@ def parts_ms(ts, dout, iters: int) -> dict[str, float]:
     for name, f in pieces.items():
         for _ in range(10):
             f()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                f()
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) * 1e3 / iters)
-        result[name] = round(best, 4)
+        result[name] = round(min(wall_ms(f, iters) for _ in range(3)), 4)
     return result
 
 
@@ -143,7 +136,7 @@ def main(argv=None) -> None:
         for _ in range(10):  # compile, allocate, warm the caches
             step(ts, dout)
         gpu, launches = gpu_ms(ts, dout, 20)
-        wall = min(wall_ms(ts, dout, args.iters) for _ in range(3))
+        wall = min(wall_ms(lambda: step(ts, dout), args.iters) for _ in range(3))
         rows.append(dict(shape=name, dtype=args.dtype, wall_ms=round(wall, 4), gpu_ms=round(gpu, 4),
                          ratio=round(wall / gpu, 3), launches=launches, gpu=torch.cuda.get_device_name(),
                          torch=torch.__version__, triton=__import__("triton").__version__,
@@ -153,7 +146,7 @@ def main(argv=None) -> None:
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
-            wall_ms(ts, dout, args.iters)
+            wall_ms(lambda: step(ts, dout), args.iters)
             prof.disable()
             report.write(f"== {name}, {args.iters} calls\n")
             pstats.Stats(prof, stream=report).sort_stats("tottime").print_stats(25)
