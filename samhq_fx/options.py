@@ -42,6 +42,11 @@ Options (keys of `options`; an option beats its environment variable, which beat
                                             AOTAutograd's activation_memory_budget (torch._functorch.config)
                                             for this compile only, no change to the model. None leaves
                                             PyTorch's setting (1.0 unless set) (SAMHQ_FX_MEMORY_BUDGET)
+    samhq.recompute_copies bool,            recompute in the backward, instead of saving, the copies of q that
+                       default False        the rel-pos einsums multiply (the fused op saves q anyway): 7.5-10%
+                                            fewer bytes saved for the backward (ViT-B, CPU); a copy kernel each
+                                            (recompute.py; Inductor's joint_custom_post_pass, which it takes)
+                                            (SAMHQ_FX_RECOMPUTE_COPIES=1 turns it on, =0 off)
 An environment variable set to "" counts as unset. All other keys are Inductor config options
 (torch._inductor.list_options()), passed through unchanged; one that contradicts the mode's own setting (e.g.
 "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override. "guard_filter_fn" and
@@ -80,6 +85,7 @@ class Options:
     inductor: bool = True
     static_launch: bool = True
     memory_budget: float | None = None
+    recompute_copies: bool = False
     inductor_options: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False)  # the other keys
 
     @classmethod
@@ -113,6 +119,9 @@ class Options:
                              f"options['samhq.inductor'] is False (aot_eager, which has no modes); drop one of them")
         if resolved.rewrite and inductor.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
+        if resolved.recompute_copies and inductor.get("joint_custom_post_pass") is not None:
+            raise ValueError("samhq backend: options['joint_custom_post_pass'] is taken by "
+                             "options['samhq.recompute_copies']; set that to False to pass your own")
         resolved.inductor_patches()  # a contradiction between the mode and an Inductor option
         return resolved
 
@@ -138,11 +147,11 @@ def options(mapping: Mapping[str, Any] | None = None, /, **samhq_options: Any) -
         samhq_fx.options({"epilogue_fusion": False}, rewrite=False)             # Inductor options, then samhq's
 
     Keywords are samhq's options by their names without `samhq.`: mode, rewrite, dump_dir, min_seq_len, triton_op,
-    host_indices, inductor, static_launch, memory_budget (samhq_fx/options.py says what each does). The mapping is
-    torch.compile's spelling: `samhq.` keys and Inductor config options, which are not all valid keywords
-    ("triton.cudagraphs"). Returns a new plain dict: a `samhq.<name>` key for each samhq option given, its value
-    normalised (a path as str, a budget as float), and the other keys as given. Options left out are not filled in,
-    so the SAMHQ_FX_* variables still apply to them when the model compiles; they are checked here too.
+    host_indices, inductor, static_launch, memory_budget, recompute_copies (samhq_fx/options.py says what each
+    does). The mapping is torch.compile's spelling: `samhq.` keys and Inductor config options, which are not all
+    valid keywords ("triton.cudagraphs"). Returns a new plain dict: a `samhq.<name>` key for each samhq option given,
+    its value normalised (a path as str, a budget as float), and the other keys as given. Options left out are not
+    filled in, so the SAMHQ_FX_* variables still apply to them when the model compiles; they are checked here too.
 
     TypeError: a value of the wrong type, an unknown keyword, a mapping that is not one. ValueError: a value out of
     range, an unknown `samhq.` key or Inductor option, an option given both ways, a contradiction (an Inductor option
@@ -267,7 +276,7 @@ def _memory_budget(where: str, val: Any) -> float | None:
 
 _CHECKS = {"mode": _mode, "rewrite": _bool, "dump_dir": _dump_dir, "min_seq_len": _min_seq_len,
            "triton_op": _triton_op, "host_indices": _bool, "inductor": _bool, "static_launch": _bool,
-           "memory_budget": _memory_budget}
+           "memory_budget": _memory_budget, "recompute_copies": _bool}
 NAMES = tuple(f.name for f in dataclasses.fields(Options) if f.name != "inductor_options")
 KEYS = tuple(PREFIX + name for name in NAMES)
 assert set(_CHECKS) == set(NAMES)
@@ -292,7 +301,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for name, var, choices in (("rewrite", "SAMHQ_FX_DISABLE", {"0": True, "1": False}),
                                ("triton_op", "SAMHQ_FX_TRITON_OP", _TRITON_OP),
                                ("host_indices", "SAMHQ_FX_HOST_INDICES", _SWITCH),
-                               ("static_launch", "SAMHQ_FX_STATIC_LAUNCH", _SWITCH)):
+                               ("static_launch", "SAMHQ_FX_STATIC_LAUNCH", _SWITCH),
+                               ("recompute_copies", "SAMHQ_FX_RECOMPUTE_COPIES", _SWITCH)):
         val = _env_choice(env, var, choices)
         if val is not None:
             values[name] = val

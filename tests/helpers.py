@@ -42,6 +42,20 @@ def fresh_compile_state():
     torch._dynamo.utils.counters.clear()
 
 
+def no_compile_caches():
+    """Inductor's FX graph cache and AOTAutograd's cache off: passes that run inside Inductor (samhq.recompute_copies)
+    run, and count, on every compile instead of only the first with a given key."""
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
+
+
 def whole_samhq_model_and_loss(tmp_path, device):
     """The main job's tiny random-init SamHQModel (HF "eager" attention) and one batch of 2 generated masks,
     through the example's own loaders (examples/samhq_model_io.py, samhq_data.py); the whole-model loss."""

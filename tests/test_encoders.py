@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from helpers import fresh_compile_state, rel_err
+from helpers import fresh_compile_state, no_compile_caches, rel_err
 
 
 def get_rel_pos(q_size: int, k_size: int, rel_pos: torch.Tensor) -> torch.Tensor:
@@ -173,6 +173,14 @@ ENCODERS = {"segment_anything": _segment_anything_encoder, "timm_sam": _timm_sam
 @pytest.mark.parametrize("name", list(ENCODERS))
 def test_encoder_written_elsewhere_fuses_every_layer_and_matches_float64(name):
     check_encoder(ENCODERS[name])
+
+
+@pytest.mark.parametrize("name", list(ENCODERS))
+def test_encoder_with_recomputed_rel_pos_copies_matches_float64(name):
+    # samhq.recompute_copies finds the einsums' copies of q however the encoder writes them, and changes no result
+    with no_compile_caches():
+        check_encoder(ENCODERS[name], options={"samhq.recompute_copies": True})
+    assert counters["samhq"]["recomputed_copies"] > 0
 
 
 @pytest.mark.parametrize("name", list(ENCODERS))

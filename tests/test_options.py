@@ -18,7 +18,7 @@ from samhq_fx.options import Options, inductor_modes
 from helpers import fresh_compile_state
 
 ENV_VARS = ("SAMHQ_FX_DISABLE", "SAMHQ_FX_DUMP_DIR", "SAMHQ_FX_MIN_SEQ_LEN", "SAMHQ_FX_TRITON_OP",
-            "SAMHQ_FX_HOST_INDICES", "SAMHQ_FX_STATIC_LAUNCH", "SAMHQ_FX_MEMORY_BUDGET")
+            "SAMHQ_FX_HOST_INDICES", "SAMHQ_FX_STATIC_LAUNCH", "SAMHQ_FX_MEMORY_BUDGET", "SAMHQ_FX_RECOMPUTE_COPIES")
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +39,7 @@ BAD = [  # (options, error, message)
     ({"samhq.host_indices": None}, *_bool_error("samhq.host_indices", None)),
     ({"samhq.inductor": "False"}, *_bool_error("samhq.inductor", "False")),
     ({"samhq.static_launch": 1}, *_bool_error("samhq.static_launch", 1)),
+    ({"samhq.recompute_copies": "yes"}, *_bool_error("samhq.recompute_copies", "yes")),
     ({"samhq.min_seq_len": -1}, ValueError, r"options\['samhq.min_seq_len'\] must be an int >= 1, got -1"),
     ({"samhq.min_seq_len": 0}, ValueError, r"options\['samhq.min_seq_len'\] must be an int >= 1, got 0"),
     ({"samhq.min_seq_len": 2.0}, TypeError, r"options\['samhq.min_seq_len'\] must be an int >= 1, got 2.0 \(float\)"),
@@ -66,6 +67,8 @@ BAD = [  # (options, error, message)
      r"mode 'reduce-overhead' sets 'triton.cudagraphs'=True, options set it to False"),
     ({"samhq.mode": "max-autotune", "samhq.inductor": False}, ValueError, r"mode 'max-autotune' is an Inductor mode, and options\['samhq.inductor'\] is False"),
     ({"pre_grad_custom_pass": lambda g: None}, ValueError, r"options\['pre_grad_custom_pass'\] is taken by the samhq"),
+    ({"joint_custom_post_pass": lambda g: None, "samhq.recompute_copies": True}, ValueError,
+     r"options\['joint_custom_post_pass'\] is taken by options\['samhq.recompute_copies'\]; set that to False"),
 ]
 
 
@@ -106,18 +109,19 @@ def test_keywords_are_samhq_options_only():
 def test_options_round_trip(tmp_path):
     got = samhq_fx.options({"epilogue_fusion": False}, mode="max-autotune-no-cudagraphs", rewrite=True,
                            dump_dir=tmp_path / "d", min_seq_len=4, triton_op=False, host_indices=False,
-                           inductor=True, static_launch=False, memory_budget=1)
+                           inductor=True, static_launch=False, memory_budget=1, recompute_copies=True)
     assert type(got) is dict
     assert got == {"epilogue_fusion": False, "samhq.mode": "max-autotune-no-cudagraphs", "samhq.rewrite": True,
                    "samhq.dump_dir": str(tmp_path / "d"), "samhq.min_seq_len": 4, "samhq.triton_op": False,
                    "samhq.host_indices": False, "samhq.inductor": True, "samhq.static_launch": False,
-                   "samhq.memory_budget": 1.0}
+                   "samhq.memory_budget": 1.0, "samhq.recompute_copies": True}
     assert isinstance(got["samhq.memory_budget"], float) and isinstance(got["samhq.dump_dir"], str)
     assert samhq_fx.options(got) == got  # already checked: unchanged
     resolved = Options.resolve(got)
     assert resolved == Options(mode="max-autotune-no-cudagraphs", rewrite=True, dump_dir=str(tmp_path / "d"),
                                min_seq_len=4, triton_op=False, host_indices=False, inductor=True,
-                               static_launch=False, memory_budget=1.0, inductor_options={"epilogue_fusion": False})
+                               static_launch=False, memory_budget=1.0, recompute_copies=True,
+                               inductor_options={"epilogue_fusion": False})
     assert resolved.inductor_patches() == {**inductor_modes()["max-autotune-no-cudagraphs"], "epilogue_fusion": False}
     with pytest.raises(dataclasses.FrozenInstanceError):
         resolved.rewrite = False
@@ -138,6 +142,7 @@ ENV_BAD = [  # (variable, value, what it must be)
     ("SAMHQ_FX_DISABLE", "true", "0 or 1"),
     ("SAMHQ_FX_HOST_INDICES", "on", "0 or 1"),
     ("SAMHQ_FX_STATIC_LAUNCH", "2", "0 or 1"),
+    ("SAMHQ_FX_RECOMPUTE_COPIES", "yes", "0 or 1"),
     ("SAMHQ_FX_TRITON_OP", "yes", "0, 1 or auto"),
     ("SAMHQ_FX_MIN_SEQ_LEN", "abc", "an integer >= 1"),
     ("SAMHQ_FX_MIN_SEQ_LEN", "0", "an integer >= 1"),
@@ -171,14 +176,15 @@ def test_env_dump_dir_must_not_be_a_file(monkeypatch, tmp_path):
 def test_env_vars_set_options_and_options_win(monkeypatch):
     env = {"SAMHQ_FX_DISABLE": "1", "SAMHQ_FX_DUMP_DIR": "dumps", "SAMHQ_FX_MIN_SEQ_LEN": "16",
            "SAMHQ_FX_TRITON_OP": "1", "SAMHQ_FX_HOST_INDICES": "0", "SAMHQ_FX_STATIC_LAUNCH": "0",
-           "SAMHQ_FX_MEMORY_BUDGET": "0.25"}
+           "SAMHQ_FX_MEMORY_BUDGET": "0.25", "SAMHQ_FX_RECOMPUTE_COPIES": "1"}
     for var, val in env.items():
         monkeypatch.setenv(var, val)
     want = Options(rewrite=False, dump_dir="dumps", min_seq_len=16, triton_op=True, host_indices=False,
-                   static_launch=False, memory_budget=0.25)
+                   static_launch=False, memory_budget=0.25, recompute_copies=True)
     assert Options.resolve(None) == want == Options.resolve(None, env=env)
     given = {"samhq.rewrite": True, "samhq.dump_dir": None, "samhq.min_seq_len": 2, "samhq.triton_op": "auto",
-             "samhq.host_indices": True, "samhq.static_launch": True, "samhq.memory_budget": None}
+             "samhq.host_indices": True, "samhq.static_launch": True, "samhq.memory_budget": None,
+             "samhq.recompute_copies": False}
     assert Options.resolve(given) == Options(min_seq_len=2)
     assert samhq_fx.options(min_seq_len=2) == {"samhq.min_seq_len": 2}  # the variables still apply to the rest
     assert Options.resolve(None, env={"SAMHQ_FX_DISABLE": "0", "SAMHQ_FX_TRITON_OP": "auto"}) == Options()
@@ -287,4 +293,8 @@ def test_backend_hands_the_resolved_fields_to_the_passes(monkeypatch, tmp_path):
     assert seen == {"epilogue_fusion": False} and budgets == [0.5] and moved == []
     samhq_fx.backend.samhq_backend(gm, [torch.ones(2)], mode="max-autotune-no-cudagraphs")
     assert seen["max_autotune"] is True and len(moved) == 1 and budgets == [0.5, None]
+    assert "joint_custom_post_pass" not in seen  # samhq.recompute_copies is off by default
+    seen.clear()
+    samhq_fx.backend.samhq_backend(gm, [torch.ones(2)], options=samhq_fx.options(recompute_copies=True))
+    assert type(seen["joint_custom_post_pass"]).__name__ == "RecomputeRelCopies"
     assert seen["pre_grad_custom_pass"].triton_op == "auto"
