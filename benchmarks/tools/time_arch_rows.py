@@ -11,6 +11,12 @@ GPU, not on the class's own: an sm_86 row timed on an H200 says what its smaller
     python benchmarks/tools/time_arch_rows.py             # all classes, shapes, modes (under 4 minutes on an H200)
     python benchmarks/tools/time_arch_rows.py --dry-run   # no GPU needed: what it would time, and what it would skip
     python benchmarks/tools/time_arch_rows.py --arch sm_86 sm_120 --mode bf16
+    python benchmarks/tools/time_arch_rows.py --rows cand.py --shape H-windows H-global-512   # candidate rows
+
+`--rows FILE` times candidate rows against the table: FILE defines ROWS, rows in kernels/configs.py's TABLE format
+(checked as the table is), put after the table's; every cell whose launches they change is timed again with them
+(`rows ms`, and `rows/table`, the ratio to the table's time in the same process). Shapes ending in -512 (SAM at
+512 px: 32x32 global grids) are timed only when named.
 
 Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median, L2 flushed before each replay
 (bench_attention_core.graph_bench); inputs as bench_attention_core.make builds them.
@@ -30,14 +36,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: bench_attention_core, common
 import common  # noqa: E402
 try:
-    from samhq_fx.kernels import arch, fit
+    from samhq_fx.kernels import arch, configs, fit
 except ImportError:  # run from the repo root without the package installed
     sys.path.insert(0, os.path.join(HERE, "..", ".."))
-    from kernels import arch, fit
+    from kernels import arch, configs, fit
 
-# name -> (batch * heads, key-grid side, head dim): SAM at batch 1, 1024 px
+# name -> (batch * heads, key-grid side, head dim): SAM at batch 1, 1024 px (and, when named, 512 px)
 SHAPES = {"B-global": (12, 64, 64), "B-windows": (25 * 12, 14, 64), "H-global": (16, 64, 80),
-          "H-windows": (25 * 16, 14, 80)}
+          "H-windows": (25 * 16, 14, 80), "B-global-512": (12, 32, 64), "H-global-512": (16, 32, 80)}
+DEFAULT_SHAPES = ("B-global", "B-windows", "H-global", "H-windows")
 MODES = {"bf16": (torch.bfloat16, "highest"), "tf32": (torch.float32, "high"), "tf32x3": (torch.float32, "highest")}
 RESULTS = os.path.join(HERE, "..", "results", "arch_rows.jsonl")
 BUDGET_S = 220.0  # stop starting new cells past this: the whole run stays under 4 minutes
@@ -48,9 +55,36 @@ def shape_of(name: str) -> fit.Shape:
     return fit.Shape(b, side * side, side, side, d, d)
 
 
-def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch | None) -> list[dict]:
+def load_rows(path: str) -> list:
+    """ROWS of the Python file at `path`: candidate rows in TABLE's format, checked as TABLE is."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("candidate_rows", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = list(getattr(module, "ROWS", None) or [])
+    if not rows:
+        raise SystemExit(f"--rows {path}: defines no ROWS (a list of (kernel, conditions, config, reason) rows)")
+    configs.check_table(rows)
+    return rows
+
+
+def _described(launches) -> list[str]:
+    return [f"{launch.kernel} {dict(launch.options)} "
+            f"{ {k: v for k, v in launch.constexprs if k.startswith(('BLOCK', 'R_', 'SPLIT'))} }" for launch in launches]
+
+
+def _misfit(launches, real: arch.Arch | None) -> str | None:
+    if real is None:
+        return None
+    return next((b.misfit for b in fit.build_all([(launch, real) for launch in launches]) if b.misfit), None)
+
+
+def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch | None,
+         rows: list | None = None) -> list[dict]:
     """A cell per (arch, shape, mode): 'time', 'same' (sm_90's launches: not timed again) or 'skip' (a launch does
-    not fit `real`, the GPU at hand; None: not checked)."""
+    not fit `real`, the GPU at hand; None: not checked). With candidate `rows`, a cell whose launches they change has
+    rows_configs (the launches with them) and rows_action ('time' or 'skip: ...')."""
     cells = []
     hopper = arch.ARCHS["sm_90"]
     for shape in shapes:
@@ -60,9 +94,17 @@ def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch 
             for name in ["sm_90"] + [a for a in archs if a != "sm_90"]:
                 launches = tuple(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape)))
                 cell = dict(arch=name, shape=shape, mode=mode, action="time", why="", same_as=None,
-                            configs=[f"{launch.kernel} {dict(launch.options)} "
-                                     f"{ {k: v for k, v in launch.constexprs if k.startswith(('BLOCK', 'R_'))} }"
-                                     for launch in launches])
+                            configs=_described(launches), rows_configs=None, rows_action=None)
+                if rows and name in archs:
+                    table = configs.TABLE
+                    configs.TABLE = table + rows
+                    try:
+                        changed = tuple(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape)))
+                    finally:
+                        configs.TABLE = table
+                    if changed != launches:
+                        why = _misfit(changed, real)
+                        cell.update(rows_configs=_described(changed), rows_action="skip: " + why if why else "time")
                 if launches in seen:
                     cell.update(action="same", same_as=seen[launches], why=f"{seen[launches]}'s launches")
                     if name not in archs:
@@ -70,17 +112,16 @@ def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch 
                     cells.append(cell)
                     continue
                 seen[launches] = name
-                if real is not None:
-                    why = next((b.misfit for b in fit.build_all([(launch, real) for launch in launches])
-                                if b.misfit), None)
-                    if why:
-                        cell.update(action="skip", why=f"does not fit {real.name}: {why}")
+                why = _misfit(launches, real)
+                if why:
+                    cell.update(action="skip", why=f"does not fit {real.name}: {why}")
                 cells.append(cell)
     return cells  # per (shape, mode) sm_90 first (the ratio's base), then each class after the class it copies
 
 
-def time_cell(cell: dict) -> float:
-    """ms of one forward + backward with `cell`'s class configs on the GPU at hand."""
+def time_cell(cell: dict, rows: list | None = None) -> float:
+    """ms of one forward + backward with `cell`'s class configs (and candidate `rows` after the table's) on the GPU
+    at hand."""
     from bench_attention_core import graph_bench, make, ours_fns
 
     try:
@@ -91,20 +132,24 @@ def time_cell(cell: dict) -> float:
     dtype, prec = MODES[cell["mode"]]
     torch.set_float32_matmul_precision(prec)
     os.environ["SAMHQ_FX_ARCH"] = cell["arch"]  # read at every call; captured into the graph with its configs
+    table = configs.TABLE
+    configs.TABLE = table + rows if rows else table  # a new list: the host's plans are keyed by the table's identity
     try:
         q, k, v, rh, rw, do = make(b, side, dtype, d=d)
         _, _, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5, kernels=K)
         return graph_bench(both)
     finally:
         os.environ.pop("SAMHQ_FX_ARCH", None)
+        configs.TABLE = table
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", nargs="+", default=list(arch.ARCHS), choices=list(arch.ARCHS))
-    p.add_argument("--shape", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--shape", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
     p.add_argument("--mode", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--dry-run", action="store_true", help="list the cells (and, on a GPU, what does not fit); time none")
+    p.add_argument("--rows", help="a Python file whose ROWS (candidate table rows) are timed against the table")
     p.add_argument("--out", default=RESULTS, help="JSON lines to append to")
     args = p.parse_args(argv)
     t0 = time.time()
@@ -115,15 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("needs a CUDA GPU (or --dry-run)")
     real = arch.of(torch.device("cuda")) if gpu else None
     archs = ["sm_90"] + [a for a in args.arch if a != "sm_90"]  # the baseline of every ratio
-    cells = plan(archs, args.shape, args.mode, real)
+    rows = load_rows(args.rows) if args.rows else None
+    cells = plan(archs, args.shape, args.mode, real, rows)
     base: dict[tuple, float] = {}
     timed: dict[tuple, float] = {}  # (arch, shape, mode) -> ms
+    rows_timed: dict[tuple, float] = {}  # (shape, mode, launches with the rows) -> ms
     header = common.row_meta(common.env_info(), torch.device("cuda" if gpu else "cpu"))
-    print(f"{'arch':7s} {'shape':10s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}  note")
-    rows = []
+    extra = f" {'rows ms':>8s} {'rows/tab':>8s}" if rows else ""
+    print(f"{'arch':7s} {'shape':12s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}{extra}  note")
+    out = []
     for cell in cells:
         key = (cell["shape"], cell["mode"])
-        ms = None
+        ms = rows_ms = None
         if cell["action"] == "time" and not args.dry_run:
             if time.time() - t0 > BUDGET_S:
                 cell.update(action="skip", why=f"time budget ({BUDGET_S:.0f} s) spent")
@@ -131,22 +179,30 @@ def main(argv: list[str] | None = None) -> int:
                 ms = time_cell(cell)
         if cell["action"] == "same":
             ms = timed.get((cell["same_as"], *key))
+        if cell["rows_action"] == "time" and not args.dry_run:
+            launched = (*key, *cell["rows_configs"])  # sm_89 takes sm_86's launches with the rows too: once
+            rows_ms = rows_timed[launched] if launched in rows_timed else time_cell(cell, rows)
+            rows_timed[launched] = rows_ms
         if ms is not None:
             timed[(cell["arch"], *key)] = ms
         if cell["arch"] == "sm_90" and ms is not None:
             base[key] = ms
         ratio = ms / base[key] if ms is not None and base.get(key) else None
         note = cell["why"] or ("would time: " + "; ".join(cell["configs"]) if args.dry_run else "")
-        print(f"{cell['arch']:7s} {cell['shape']:10s} {cell['mode']:7s} "
-              f"{'-' if ms is None else f'{ms:.3f}':>8s} {'-' if ratio is None else f'{ratio:.2f}':>8s}  "
-              f"{cell['action']}{': ' + note if note else ''}", flush=True)
-        rows.append({**header, **cell, "ms": ms, "ratio_to_sm90": ratio})
+        if cell["rows_action"]:
+            note += f" | rows: {cell['rows_action']}" + (": " + "; ".join(cell["rows_configs"]) if args.dry_run else "")
+        fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
+        extra = (f" {fmt(rows_ms, '{:.3f}'):>8s} {fmt(rows_ms / ms if rows_ms and ms else None, '{:.3f}'):>8s}"
+                 if rows else "")
+        print(f"{cell['arch']:7s} {cell['shape']:12s} {cell['mode']:7s} {fmt(ms, '{:.3f}'):>8s} "
+              f"{fmt(ratio, '{:.2f}'):>8s}{extra}  {cell['action']}{': ' + note if note else ''}", flush=True)
+        out.append({**header, **cell, "ms": ms, "ratio_to_sm90": ratio, "rows_ms": rows_ms, "rows_file": args.rows})
     if not args.dry_run:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "a") as f:
-            for row in rows:
+            for row in out:
                 f.write(json.dumps(row) + "\n")
-        print(f"{len(rows)} rows appended to {args.out} in {time.time() - t0:.0f} s")
+        print(f"{len(out)} rows appended to {args.out} in {time.time() - t0:.0f} s")
     return 0
 
 
