@@ -107,7 +107,8 @@ class RecomputeRelCopies(CustomGraphPass):
     """Inductor joint_custom_post_pass: tag rel_pos_copies(graph) MUST_RECOMPUTE."""
 
     def __call__(self, graph: Graph) -> None:
-        copies = rel_pos_copies(graph)
+        # a copy an activation-checkpoint policy already tagged (torch.utils.checkpoint) keeps the user's tag
+        copies = [node for node in rel_pos_copies(graph) if "recompute" not in node.meta]
         for node in copies:
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
         counters["samhq"]["recomputed_copies"] += len(copies)

@@ -49,6 +49,13 @@ def test_tags_the_copy_of_q_that_a_fused_rel_pos_einsum_reads(sink):
     assert "recompute" not in nodes["foreign"].meta and "recompute" not in nodes["back"].meta
 
 
+def test_keeps_the_tag_an_activation_checkpoint_policy_gave():
+    g, nodes = _einsum_graph("samhq")
+    nodes["copy"].meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    RecomputeRelCopies()(g)
+    assert nodes["copy"].meta["recompute"] == CheckpointPolicy.MUST_SAVE
+
+
 def test_leaves_einsums_of_attention_it_did_not_fuse():
     g, _ = _einsum_graph("add")
     assert rel_pos_copies(g) == []
