@@ -213,10 +213,23 @@ def build(launch: Launch, target: arch.Arch) -> Built:
         regs, spills = _registers(compiled)
         result = Built(launch, target, shared=md.shared, registers=regs, spills=spills, tmem=_tmem(md))
     except Exception as e:  # CompilationError, OutOfResources (tensor memory), ptxas errors
-        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        result = Built(launch, target, error=f"{type(e).__name__}: {first[:200]}")
+        result = Built(launch, target, error=_error_text(e))
     _built[key] = result
     return result
+
+
+def _error_text(e: BaseException) -> str:
+    """`e`'s type and first line, and its innermost cause's where it has one: Triton raises an error in a called jit
+    function as CompilationError("at LINE:COL:" and the caller's source) from that error, whose text says what failed."""
+    def first(x: BaseException) -> str:
+        return next((line for line in str(x).splitlines() if line.strip()), type(x).__name__)[:200]
+
+    root, seen = e, {id(e)}
+    while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
+        root = cause
+        seen.add(id(root))
+    text = f"{type(e).__name__}: {first(e)}"
+    return text if root is e else f"{text} (from {type(root).__name__}: {first(root)})"
 
 
 def _tmem(md) -> int:
@@ -259,8 +272,9 @@ def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         built = list(pool.map(lambda pair: build(*pair), todo))
     # CPython builds AST objects with a process-wide recursion counter, so Triton parsing kernels in two threads at once
-    # can fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI, Python 3.11): such a launch is
-    # built again here, alone, rather than reported as not building
+    # can fail with "SystemError: AST constructor recursion depth mismatch" (seen in CI, Python 3.11; in a called jit
+    # function, as the cause of a CompilationError): such a launch is built again here, alone, rather than reported as
+    # not building
     for i, b in enumerate(built):
         if b.error and _THREAD_RACE in b.error:
             _built.pop((b.launch, b.arch), None)

@@ -72,6 +72,28 @@ def test_a_kernel_failure_on_cuda_is_an_error_not_a_silent_fallback(monkeypatch)
         samhq_fx.rel_pos_attention(*rand_inputs(2, (3, 4), (3, 4), 8, seed=3))
 
 
+
+def test_a_thread_race_inside_a_called_jit_function_is_seen_and_retried():
+    # Triton raises an error in a called jit function as CompilationError("at 48:8:", the caller's source) from it, so
+    # the race's text is only in the cause: a build's error keeps the cause's first line, which build_all's retry reads
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from samhq_fx.kernels import fit
+
+    try:
+        try:
+            raise SystemError("AST constructor recursion depth mismatch (before=40, after=39)")
+        except SystemError as cause:
+            raise CompilationError("y = f(x)\n" * 48, ast.parse("y = f(x)").body[0], None) from cause
+    except CompilationError as e:
+        text = fit._error_text(e)
+    assert text.startswith("CompilationError: at 1:0:"), text
+    assert text.endswith("(from SystemError: AST constructor recursion depth mismatch (before=40, after=39))"), text
+    assert fit._THREAD_RACE in text
+    assert fit._error_text(ValueError("no\nmore")) == "ValueError: no"  # no cause: the error's own first line
+
 # Each architecture faked for the CPU device: the rewrite compiles the layer's kernels for it (real Triton compiles,
 # so no interpreter) and either fuses the layer or leaves it to Inductor with the reason fit.py gives.
 _PER_ARCH = r"""
