@@ -121,7 +121,7 @@ def samhq_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = N
         patches["pre_grad_custom_pass"] = rewrite  # its uuid() keys Inductor's caches
         if opts.static_launch and triton_op:  # the opaque op launches its kernels itself
             launch_user_kernels_statically(patches)
-    if opts.recompute_copies:  # tags the joint graph before Inductor partitions it (aot_eager's already recomputes)
+    if opts.recompute_copies:  # tags the joint graph before Inductor partitions it (aot_eager has no such hook)
         patches["joint_custom_post_pass"] = RecomputeRelCopies()
     with memory_budget(opts.memory_budget):  # AOTAutograd partitions while the backend compiles
         if not opts.inductor:

@@ -45,8 +45,9 @@ Options (keys of `options`; an option beats its environment variable, which beat
     samhq.recompute_copies bool,            recompute in the backward, instead of saving, the copies of q that
                        default False        the rel-pos einsums multiply (the fused op saves q anyway): 7.5-10%
                                             fewer bytes saved for the backward (ViT-B, CPU); a copy kernel each
-                                            (recompute.py; Inductor's joint_custom_post_pass, which it takes)
-                                            (SAMHQ_FX_RECOMPUTE_COPIES=1 turns it on, =0 off)
+                                            (recompute.py; Inductor's joint_custom_post_pass, which it takes;
+                                            nothing under samhq.inductor=False, whose aot_eager has no such
+                                            hook) (SAMHQ_FX_RECOMPUTE_COPIES=1 turns it on, =0 off)
 An environment variable set to "" counts as unset. All other keys are Inductor config options
 (torch._inductor.list_options()), passed through unchanged; one that contradicts the mode's own setting (e.g.
 "triton.cudagraphs": False with "reduce-overhead") is an error, not a silent override. "guard_filter_fn" and
@@ -119,9 +120,10 @@ class Options:
                              f"options['samhq.inductor'] is False (aot_eager, which has no modes); drop one of them")
         if resolved.rewrite and inductor.get("pre_grad_custom_pass") is not None:
             raise ValueError("samhq backend: options['pre_grad_custom_pass'] is taken by the samhq rewrite")
-        if resolved.recompute_copies and inductor.get("joint_custom_post_pass") is not None:
-            raise ValueError("samhq backend: options['joint_custom_post_pass'] is taken by "
-                             "options['samhq.recompute_copies']; set that to False to pass your own")
+        if resolved.recompute_copies and resolved.inductor and inductor.get("joint_custom_post_pass") is not None:
+            raise ValueError("samhq backend: options['joint_custom_post_pass'] is taken by samhq.recompute_copies "
+                             "(options['samhq.recompute_copies'] or SAMHQ_FX_RECOMPUTE_COPIES=1); turn that off to "
+                             "pass your own")
         resolved.inductor_patches()  # a contradiction between the mode and an Inductor option
         return resolved
 

@@ -11,9 +11,11 @@ the backward copies q again (one elementwise kernel per copy) and the copy's mem
 Measured on CPU (Inductor, ViT-B fp32, batch 1), non-parameter bytes saved for the backward: 261.0 -> 235.5 MB at
 256 px, 2956.6 -> 2735.5 MB at 1024 px (benchmarks/DECISIONS.md, "Recomputed rel-pos copies").
 
-A copy is tagged only where the einsum belongs to a fused attention: its bmm's output reaches a samhq op (or the
-Triton kernel call Inductor traces the triton_op registration into) through layout ops alone, and so does the
-tensor the copy reads. Runs as Inductor's joint_custom_post_pass, before the partitioner; its uuid() keys the cache.
+A copy is tagged only where the einsum belongs to a fused attention: its bmm's output reaches the fused op (or a
+call of its Triton kernels, which the triton_op registration is traced into) through layout ops alone, and so does
+the tensor the copy reads (q, or a packed qkv it is a view of), which the op saves. Training graphs only: an inference
+graph (no tangents) saves nothing. Runs as Inductor's joint_custom_post_pass, before the partitioner (Inductor only:
+aot_eager, samhq.inductor=False, has no such hook); its uuid() keys the cache.
 """
 
 from __future__ import annotations
@@ -38,10 +40,23 @@ _TRITON_CALLS = {getattr(torch.ops.higher_order, name, None)
 
 
 def _is_sink(node: Node) -> bool:
-    """The fused op in the joint graph: a samhq op, or the Triton kernel call of its triton_op registration."""
+    """The fused op in the joint graph: samhq's rel_pos_attention ops, or a call of its Triton kernels (the triton_op
+    registration, traced)."""
     if node.op != "call_function":
         return False
-    return getattr(node.target, "namespace", None) == "samhq" or node.target in _TRITON_CALLS
+    if getattr(node.target, "namespace", None) == "samhq":
+        return node.target.name().split("::")[-1].startswith("rel_pos_attention")
+    if node.target in _TRITON_CALLS:
+        from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        module = getattr(getattr(kernel, "fn", kernel), "__module__", "") or ""
+        return module.startswith(("samhq_fx.kernels.", "kernels."))  # ours, not another library's
+    return False
+
+
+def _is_tangent(node: Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)  # AOTAutograd's names, as its partitioner reads
 
 
 def _sinks_reached(node: Node, memo: dict[Node, frozenset]) -> frozenset:
@@ -62,7 +77,7 @@ def _backward_nodes(graph: Graph) -> set[Node]:
     """Nodes that depend on a tangent: the joint graph's backward."""
     seen: set[Node] = set()
     for node in graph.nodes:
-        if node.op == "placeholder" and "tangent" in node.name:
+        if _is_tangent(node):
             seen.add(node)
         elif any(arg in seen for arg in node.all_input_nodes):
             seen.add(node)
@@ -77,7 +92,7 @@ def _copy_under_views(node: Node) -> Node | None:
 
 
 def _source(node: Node) -> Node:
-    """The tensor a chain of layout ops starts from."""
+    """The tensor a chain of layout ops starts from (q, or the packed qkv it is sliced from)."""
     while node.op == "call_function" and node.target in _LAYOUT:
         node = node.args[0]
     return node
@@ -107,6 +122,8 @@ class RecomputeRelCopies(CustomGraphPass):
     """Inductor joint_custom_post_pass: tag rel_pos_copies(graph) MUST_RECOMPUTE."""
 
     def __call__(self, graph: Graph) -> None:
+        if not any(_is_tangent(node) for node in graph.nodes):  # an inference graph: nothing is saved
+            return
         # a copy an activation-checkpoint policy already tagged (torch.utils.checkpoint) keeps the user's tag
         copies = [node for node in rel_pos_copies(graph) if "recompute" not in node.meta]
         for node in copies:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -42,18 +44,15 @@ def fresh_compile_state():
     torch._dynamo.utils.counters.clear()
 
 
+@contextlib.contextmanager
 def no_compile_caches():
     """Inductor's FX graph cache and AOTAutograd's cache off: passes that run inside Inductor (samhq.recompute_copies)
     run, and count, on every compile instead of only the first with a given key."""
-    import contextlib
-
     import torch._functorch.config as functorch_config
     from torch._inductor import config as inductor_config
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(inductor_config.patch(fx_graph_cache=False))
-    stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
-    return stack
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
 
 
 def whole_samhq_model_and_loss(tmp_path, device):

@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 import samhq_fx
 import samhq_fx.backend
 from samhq_fx.options import Options, inductor_modes
+from samhq_fx.recompute import RecomputeRelCopies
 
 from helpers import fresh_compile_state
 
@@ -68,7 +69,8 @@ BAD = [  # (options, error, message)
     ({"samhq.mode": "max-autotune", "samhq.inductor": False}, ValueError, r"mode 'max-autotune' is an Inductor mode, and options\['samhq.inductor'\] is False"),
     ({"pre_grad_custom_pass": lambda g: None}, ValueError, r"options\['pre_grad_custom_pass'\] is taken by the samhq"),
     ({"joint_custom_post_pass": lambda g: None, "samhq.recompute_copies": True}, ValueError,
-     r"options\['joint_custom_post_pass'\] is taken by options\['samhq.recompute_copies'\]; set that to False"),
+     r"options\['joint_custom_post_pass'\] is taken by samhq.recompute_copies \(options\['samhq.recompute_copies'\] "
+     r"or SAMHQ_FX_RECOMPUTE_COPIES=1\); turn that off"),
 ]
 
 
@@ -293,8 +295,9 @@ def test_backend_hands_the_resolved_fields_to_the_passes(monkeypatch, tmp_path):
     assert seen == {"epilogue_fusion": False} and budgets == [0.5] and moved == []
     samhq_fx.backend.samhq_backend(gm, [torch.ones(2)], mode="max-autotune-no-cudagraphs")
     assert seen["max_autotune"] is True and len(moved) == 1 and budgets == [0.5, None]
+    assert seen["pre_grad_custom_pass"].triton_op == "auto"
     assert "joint_custom_post_pass" not in seen  # samhq.recompute_copies is off by default
     seen.clear()
     samhq_fx.backend.samhq_backend(gm, [torch.ones(2)], options=samhq_fx.options(recompute_copies=True))
-    assert type(seen["joint_custom_post_pass"]).__name__ == "RecomputeRelCopies"
+    assert isinstance(seen["joint_custom_post_pass"], RecomputeRelCopies)
     assert seen["pre_grad_custom_pass"].triton_op == "auto"
