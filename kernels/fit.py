@@ -219,17 +219,19 @@ def build(launch: Launch, target: arch.Arch) -> Built:
 
 
 def _error_text(e: BaseException) -> str:
-    """`e`'s type and first line, and its innermost cause's where it has one: Triton raises an error in a called jit
-    function as CompilationError("at LINE:COL:" and the caller's source) from that error, whose text says what failed."""
-    def first(x: BaseException) -> str:
-        return next((line for line in str(x).splitlines() if line.strip()), type(x).__name__)[:200]
+    """`e`'s type and first line, then each cause's as a traceback walks them (__cause__, else __context__ unless
+    suppressed). Triton raises an error in a called jit function as CompilationError("at LINE:COL:" and the caller's
+    source) from that error, whose text says what failed; a CompilationError's own message, where it has one, comes
+    last, so that line is taken."""
+    def line(x: BaseException) -> str:
+        text = getattr(x, "error_message", None) or str(x)
+        return f"{type(x).__name__}: " + next((t for t in text.splitlines() if t.strip()), "")[:200]
 
-    root, seen = e, {id(e)}
-    while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
-        root = cause
-        seen.add(id(root))
-    text = f"{type(e).__name__}: {first(e)}"
-    return text if root is e else f"{text} (from {type(root).__name__}: {first(root)})"
+    links, seen, x = [line(e)], {id(e)}, e
+    while (x := x.__cause__ or (None if x.__suppress_context__ else x.__context__)) is not None and id(x) not in seen:
+        links.append(line(x))
+        seen.add(id(x))
+    return links[0] + (f" (from {'; from '.join(links[1:])})" if len(links) > 1 else "")
 
 
 def _tmem(md) -> int:
