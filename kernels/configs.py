@@ -349,11 +349,12 @@ CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS + ("SPLIT_ROW",), dkdv=_BLOCKS + ("BI
 REASON_MAX = 110  # characters in a row's reason: one line of the table
 
 
-def check_table(table: list) -> None:
-    """Raise ValueError naming the first row whose kernel, condition keys or config keys are unknown."""
+def check_table(table: list, table_name: str = "configs.TABLE") -> None:
+    """Raise ValueError naming the first row (as table_name[i]) whose kernel, condition keys or config keys are
+    unknown."""
     for i, entry in enumerate(table):
         kernel, cond, cfg, why = entry
-        name = f"configs.TABLE[{i}] ({kernel!r}, {cond!r}, {cfg!r}, {why[:50]!r})"
+        name = f"{table_name}[{i}] ({kernel!r}, {cond!r}, {cfg!r}, {why[:50]!r})"
         if kernel not in KERNELS:
             raise ValueError(f"{name}: unknown kernel {kernel!r} (known: {', '.join(KERNELS)})")
         for key, want in cond.items():

@@ -111,7 +111,6 @@ def test_fused_launch_rows_agree_on_warps_and_stages(name, fp32, prec):
             assert (kv["num_warps"], kv["num_stages"]) == (q["num_warps"], q["num_stages"]), (name, wk, rows, d)
 
 
-
 def test_sm89_takes_sm86_rows():
     # the same shared memory and no capability condition between them: tests/test_kernels_compile.py compiles sm_86
     # and not sm_89 on that ground

@@ -8,15 +8,15 @@ not timed again (marked "same", with that class's time), nor one whose launches 
 tensor memory; kernels/fit.py compiles it first) is never run (marked "skip"). Times are the configs' cost on this
 GPU, not on the class's own: an sm_86 row timed on an H200 says what its smaller tiles cost on the H200.
 
-    python benchmarks/tools/time_arch_rows.py             # all classes, shapes, modes (under 4 minutes on an H200)
+    python benchmarks/tools/time_arch_rows.py             # all classes, 1024 px shapes, modes (under 4 minutes, H200)
     python benchmarks/tools/time_arch_rows.py --dry-run   # no GPU needed: what it would time, and what it would skip
     python benchmarks/tools/time_arch_rows.py --arch sm_86 sm_120 --mode bf16
     python benchmarks/tools/time_arch_rows.py --rows cand.py --shape H-windows H-global-512   # candidate rows
 
 `--rows FILE` times candidate rows against the table: FILE defines ROWS, rows in kernels/configs.py's TABLE format
 (checked as the table is), put after the table's; every cell whose launches they change is timed again with them
-(`rows ms`, and `rows/table`, the ratio to the table's time in the same process). Shapes ending in -512 (SAM at
-512 px: 32x32 global grids) are timed only when named.
+(`rows ms`, and `rows/tab`, the ratio to the table's time in the same process), within the same time budget.
+Shapes ending in -512 (SAM at 512 px: 32x32 global grids) are timed only when named.
 
 Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median, L2 flushed before each replay
 (bench_attention_core.graph_bench); inputs as bench_attention_core.make builds them.
@@ -60,18 +60,22 @@ def load_rows(path: str) -> list:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("candidate_rows", path)
+    if spec is None:
+        raise SystemExit(f"--rows {path}: not a Python file (a .py file defining ROWS)")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = list(getattr(module, "ROWS", None) or [])
     if not rows:
         raise SystemExit(f"--rows {path}: defines no ROWS (a list of (kernel, conditions, config, reason) rows)")
-    configs.check_table(rows)
+    configs.check_table(rows, table_name=f"{path}: ROWS")
     return rows
 
 
 def _described(launches) -> list[str]:
-    return [f"{launch.kernel} {dict(launch.options)} "
-            f"{ {k: v for k, v in launch.constexprs if k.startswith(('BLOCK', 'R_', 'SPLIT'))} }" for launch in launches]
+    """Each launch's options and the constexprs a config row decides (blocks, key-tile rows, selects, copies)."""
+    decided = ("BLOCK", "R", "SPLIT", "BIAS_T")  # R, R_Q, R_KV, RH_SELECT*
+    return [f"{launch.kernel} {dict(launch.options)} { {k: v for k, v in launch.constexprs if k.startswith(decided)} }"
+            for launch in launches]
 
 
 def _misfit(launches, real: arch.Arch | None) -> str | None:
@@ -94,7 +98,7 @@ def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch 
             for name in ["sm_90"] + [a for a in archs if a != "sm_90"]:
                 launches = tuple(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape)))
                 cell = dict(arch=name, shape=shape, mode=mode, action="time", why="", same_as=None,
-                            configs=_described(launches), rows_configs=None, rows_action=None)
+                            configs=_described(launches), rows_configs=None, rows_action=None, rows_key=None)
                 if rows and name in archs:
                     table = configs.TABLE
                     configs.TABLE = table + rows
@@ -104,7 +108,8 @@ def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch 
                         configs.TABLE = table
                     if changed != launches:
                         why = _misfit(changed, real)
-                        cell.update(rows_configs=_described(changed), rows_action="skip: " + why if why else "time")
+                        cell.update(rows_configs=_described(changed), rows_action="skip: " + why if why else "time",
+                                    rows_key=hash(changed))  # sm_89 takes sm_86's launches with the rows too: once
                 if launches in seen:
                     cell.update(action="same", same_as=seen[launches], why=f"{seen[launches]}'s launches")
                     if name not in archs:
@@ -162,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     archs = ["sm_90"] + [a for a in args.arch if a != "sm_90"]  # the baseline of every ratio
     rows = load_rows(args.rows) if args.rows else None
     cells = plan(archs, args.shape, args.mode, real, rows)
+    if rows and not any(cell["rows_action"] for cell in cells):
+        print(f"--rows {args.rows}: the rows change no launch of these classes, shapes and modes", file=sys.stderr)
     base: dict[tuple, float] = {}
     timed: dict[tuple, float] = {}  # (arch, shape, mode) -> ms
-    rows_timed: dict[tuple, float] = {}  # (shape, mode, launches with the rows) -> ms
+    rows_timed: dict[int, float] = {}  # the launches with the rows (their hash) -> ms
     header = common.row_meta(common.env_info(), torch.device("cuda" if gpu else "cpu"))
     extra = f" {'rows ms':>8s} {'rows/tab':>8s}" if rows else ""
     print(f"{'arch':7s} {'shape':12s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}{extra}  note")
@@ -180,9 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         if cell["action"] == "same":
             ms = timed.get((cell["same_as"], *key))
         if cell["rows_action"] == "time" and not args.dry_run:
-            launched = (*key, *cell["rows_configs"])  # sm_89 takes sm_86's launches with the rows too: once
-            rows_ms = rows_timed[launched] if launched in rows_timed else time_cell(cell, rows)
-            rows_timed[launched] = rows_ms
+            if cell["rows_key"] in rows_timed:
+                rows_ms = rows_timed[cell["rows_key"]]
+            elif time.time() - t0 > BUDGET_S:
+                cell.update(rows_action=f"skip: time budget ({BUDGET_S:.0f} s) spent")
+            else:
+                rows_ms = rows_timed[cell["rows_key"]] = time_cell(cell, rows)
         if ms is not None:
             timed[(cell["arch"], *key)] = ms
         if cell["arch"] == "sm_90" and ms is not None:
@@ -195,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = (f" {fmt(rows_ms, '{:.3f}'):>8s} {fmt(rows_ms / ms if rows_ms and ms else None, '{:.3f}'):>8s}"
                  if rows else "")
         print(f"{cell['arch']:7s} {cell['shape']:12s} {cell['mode']:7s} {fmt(ms, '{:.3f}'):>8s} "
-              f"{fmt(ratio, '{:.2f}'):>8s}{extra}  {cell['action']}{': ' + note if note else ''}", flush=True)
+              f"{fmt(ratio, '{:.2f}'):>8s}{extra}  {cell['action']}{': ' + note.lstrip(' |') if note else ''}",
+              flush=True)
         out.append({**header, **cell, "ms": ms, "ratio_to_sm90": ratio, "rows_ms": rows_ms, "rows_file": args.rows})
     if not args.dry_run:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
