@@ -8,6 +8,7 @@ costs no memory) and the rest (activations and casts, which the backward's peak 
 partitioner chose, not a peak: on the GPU the step's peak adds the fixed state and the backward's temporaries.
 `--inductor` compiles the rest with Inductor (minutes on a CPU); by default aot_eager, which runs the same
 partitioner (min-cut, with the budget), though Inductor's recomputes more pointwise ops on its own.
+`--option KEY=VALUE` (repeatable) adds a samhq option to samhq's rows (`--option samhq.recompute_copies=True`).
 `--peers` adds the builds samhq is held to: Inductor (or, without `--inductor`, aot_eager) with no rewrite, on HF's
 "sdpa" and "eager" attention classes (samhq's own rows use `--attn`'s). `--img` builds the model for another image
 size (benchmarks/image_size.py).
@@ -18,6 +19,7 @@ with common.row_meta (commit, date, GPU, versions).
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 import time
@@ -59,10 +61,21 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--img", type=int, default=None, help="image size (256, 512, 1024; default: the model's)")
     ap.add_argument("--attn", default="eager", choices=("eager", "sdpa"), help="HF attention class of samhq's rows")
     ap.add_argument("--peers", action="store_true", help="also count the builds without samhq, both classes")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a samhq compile option for samhq's rows, VALUE a Python literal (repeatable)")
     ap.add_argument("--out", default=None, help="append the rows to this .jsonl file (a directory: "
                                                 "<dir>/saved_activations.jsonl) instead of benchmarks/results/")
     args = ap.parse_args(argv)
     budgets = [None if b.strip() == "none" else float(b) for b in args.budgets.split(",") if b.strip()]
+    extra = {}
+    for item in args.option:
+        key, eq, text = item.partition("=")
+        try:
+            extra[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            ap.error(f"--option {item!r}: not KEY=VALUE with a Python literal (e.g. samhq.recompute_copies=True)")
+        if not (eq and key.startswith("samhq.")):
+            ap.error(f"--option {item!r}: not a samhq option (samhq.NAME=VALUE)")
     if args.img and args.model == "tiny":
         ap.error("--img: the tiny model has its own image size; give it with --model vit-b, vit-l or vit-h")
 
@@ -86,7 +99,8 @@ def main(argv=None) -> list[dict]:
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
         if backend == "samhq":
-            kw = dict(backend="samhq", options={"samhq.memory_budget": budget, "samhq.inductor": args.inductor})
+            options = {"samhq.memory_budget": budget, "samhq.inductor": args.inductor, **extra}
+            kw = dict(backend="samhq", options=options)
         else:
             kw = dict(backend=backend)
         start = time.perf_counter()
@@ -95,12 +109,15 @@ def main(argv=None) -> list[dict]:
         del out  # and with it what it saved, before the next compile
         rows.append(dict(meta, model=args.model, img=size, dtype=args.dtype, batch=args.batch, device=device,
                          backend=backend, attn_implementation=attn, budget=budget, inductor=args.inductor,
+                         options=extra if backend == "samhq" else {},
                          saved_params_mib=round(weights / 2**20, 3), saved_rest_mib=round(rest / 2**20, 3),
                          fused=torch._dynamo.utils.counters["samhq"]["fused"],
                          seconds=round(time.perf_counter() - start, 1)))
         common.append_rows(path, rows[-1:])
-        print(f"{args.model} {size}px {args.dtype} b{args.batch} {backend} ({attn} class) budget {budget}: saved "
-              f"{rest / 2**20:.2f} MiB + parameters {weights / 2**20:.2f} MiB; {rows[-1]['fused']} fused", flush=True)
+        shown = "".join(f" {k}={v}" for k, v in extra.items()) if backend == "samhq" else ""
+        print(f"{args.model} {size}px {args.dtype} b{args.batch} {backend} ({attn} class) budget {budget}{shown}: "
+              f"saved {rest / 2**20:.2f} MiB + parameters {weights / 2**20:.2f} MiB; {rows[-1]['fused']} fused",
+              flush=True)
     return rows
 
 
