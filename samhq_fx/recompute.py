@@ -101,6 +101,8 @@ def _source(node: Node) -> Node:
 def rel_pos_copies(graph: Graph) -> list[Node]:
     """The forward's copies of q that a fused attention's rel-pos einsum bmms read, in graph order."""
     backward = _backward_nodes(graph)
+    if not backward:  # an inference graph (no tangents): nothing is saved for a backward
+        return []
     memo: dict[Node, frozenset] = {}
     found: dict[Node, None] = {}
     for node in graph.nodes:
@@ -110,8 +112,8 @@ def rel_pos_copies(graph: Graph) -> list[Node]:
         if not sinks:
             continue
         for operand in node.args[:2]:
-            copy = _copy_under_views(operand)
-            if copy is None or copy in backward:
+            copy = _copy_under_views(operand)  # a forward bmm's operand: a forward node too
+            if copy is None:
                 continue
             if _sinks_reached(_source(copy), memo) & sinks:  # the copy reads the fused op's q
                 found[copy] = None
@@ -122,8 +124,6 @@ class RecomputeRelCopies(CustomGraphPass):
     """Inductor joint_custom_post_pass: tag rel_pos_copies(graph) MUST_RECOMPUTE."""
 
     def __call__(self, graph: Graph) -> None:
-        if not any(_is_tangent(node) for node in graph.nodes):  # an inference graph: nothing is saved
-            return
         # a copy an activation-checkpoint policy already tagged (torch.utils.checkpoint) keeps the user's tag
         copies = [node for node in rel_pos_copies(graph) if "recompute" not in node.meta]
         for node in copies:
