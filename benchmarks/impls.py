@@ -139,12 +139,20 @@ def _with_options(name: str, known: dict) -> Impl | None:
         return None
     options = list(impl.options)
     for suffix in suffixes:
-        key, eq, text = suffix.partition("=")
         try:
-            if not (key and eq):
-                raise ValueError(suffix)
-            options.append((key, ast.literal_eval(text)))
-        except (ValueError, SyntaxError):
+            options.append(parse_option(suffix))
+        except ValueError:
             raise SystemExit(f"impl {name!r}: {suffix!r} is not KEY=VALUE with a Python literal (e.g. "
                              f"reorder_for_peak_memory=False)") from None
     return replace(impl, options=tuple(options))
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """(KEY, VALUE) of a compile option written KEY=VALUE, VALUE a Python literal; ValueError for anything else."""
+    key, eq, value = text.partition("=")
+    if not (key and eq):
+        raise ValueError(text)
+    try:
+        return key, ast.literal_eval(value)
+    except SyntaxError:
+        raise ValueError(text) from None

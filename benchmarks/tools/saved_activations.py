@@ -19,7 +19,6 @@ with common.row_meta (commit, date, GPU, versions).
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import common  # noqa: E402
+import impls  # noqa: E402
 
 
 def saved_bytes(fn, x, params: set[int], autocast_dtype=None) -> tuple[object, int, int]:
@@ -69,13 +69,13 @@ def main(argv=None) -> list[dict]:
     budgets = [None if b.strip() == "none" else float(b) for b in args.budgets.split(",") if b.strip()]
     extra = {}
     for item in args.option:
-        key, eq, text = item.partition("=")
         try:
-            extra[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
+            key, value = impls.parse_option(item)
+        except ValueError:
             ap.error(f"--option {item!r}: not KEY=VALUE with a Python literal (e.g. samhq.recompute_copies=True)")
-        if not (eq and key.startswith("samhq.")):
+        if not key.startswith("samhq."):
             ap.error(f"--option {item!r}: not a samhq option (samhq.NAME=VALUE)")
+        extra[key] = value
     if args.img and args.model == "tiny":
         ap.error("--img: the tiny model has its own image size; give it with --model vit-b, vit-l or vit-h")
 
