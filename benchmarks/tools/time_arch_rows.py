@@ -25,6 +25,7 @@ Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -71,6 +72,18 @@ def load_rows(path: str) -> list:
     return rows
 
 
+@contextlib.contextmanager
+def table_with(rows: list | None):
+    """configs.TABLE with candidate `rows` after the table's, for the block (a new list: the host's plans are keyed by
+    the table's identity)."""
+    table = configs.TABLE
+    configs.TABLE = table + rows if rows else table
+    try:
+        yield
+    finally:
+        configs.TABLE = table
+
+
 def _described(launches) -> list[str]:
     """Each launch's options and the constexprs a config row decides (blocks, key-tile rows, selects, copies)."""
     decided = ("BLOCK", "R", "SPLIT", "BIAS_T")  # R, R_Q, R_KV, RH_SELECT*
@@ -100,12 +113,8 @@ def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch 
                 cell = dict(arch=name, shape=shape, mode=mode, action="time", why="", same_as=None,
                             configs=_described(launches), rows_configs=None, rows_action=None, rows_key=None)
                 if rows and name in archs:
-                    table = configs.TABLE
-                    configs.TABLE = table + rows
-                    try:
+                    with table_with(rows):
                         changed = tuple(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape)))
-                    finally:
-                        configs.TABLE = table
                     if changed != launches:
                         why = _misfit(changed, real)
                         cell.update(rows_configs=_described(changed), rows_action="skip: " + why if why else "time",
@@ -137,15 +146,13 @@ def time_cell(cell: dict, rows: list | None = None) -> float:
     dtype, prec = MODES[cell["mode"]]
     torch.set_float32_matmul_precision(prec)
     os.environ["SAMHQ_FX_ARCH"] = cell["arch"]  # read at every call; captured into the graph with its configs
-    table = configs.TABLE
-    configs.TABLE = table + rows if rows else table  # a new list: the host's plans are keyed by the table's identity
     try:
-        q, k, v, rh, rw, do = make(b, side, dtype, d=d)
-        _, _, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5, kernels=K)
-        return graph_bench(both)
+        with table_with(rows):
+            q, k, v, rh, rw, do = make(b, side, dtype, d=d)
+            _, _, both = ours_fns(q, k, v, rh, rw, do, d ** -0.5, kernels=K)
+            return graph_bench(both)
     finally:
         os.environ.pop("SAMHQ_FX_ARCH", None)
-        configs.TABLE = table
 
 
 def main(argv: list[str] | None = None) -> int:
