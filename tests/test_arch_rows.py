@@ -132,10 +132,9 @@ def test_vit_h_global_dq_splits_rows_on_mma_sync_classes(name):
     assert K.tiles.tile(64, 64, cfg["BLOCK_N"]) == (64, 1)
 
 
-def test_time_arch_rows_dry_run_lists_what_it_would_time():
-    # benchmarks/tools/time_arch_rows.py without a GPU: each class's cells, the ones whose launches an earlier class
-    # has marked "same" (sm_89 takes sm_86's), and what it would time with the GPU table's configs, not the
-    # interpreter's (a process of its own, without TRITON_INTERPRET)
+def _time_arch_rows(*args: str):
+    """benchmarks/tools/time_arch_rows.py in a process of its own, without TRITON_INTERPRET (the GPU table's configs,
+    not the interpreter's) or SAMHQ_FX_ARCH (the tool sets it per cell)."""
     import os
     import subprocess
     import sys
@@ -143,8 +142,14 @@ def test_time_arch_rows_dry_run_lists_what_it_would_time():
 
     tool = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "time_arch_rows.py"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
-    proc = subprocess.run([sys.executable, str(tool), "--dry-run", "--shape", "B-global", "H-windows", "--mode", "bf16",
-                           "tf32x3"], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(tool), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_time_arch_rows_dry_run_lists_what_it_would_time():
+    # benchmarks/tools/time_arch_rows.py without a GPU: each class's cells, the ones whose launches an earlier class
+    # has marked "same" (sm_89 takes sm_86's), and what it would time with the GPU table's configs, not the
+    # interpreter's (a process of its own, without TRITON_INTERPRET)
+    proc = _time_arch_rows("--dry-run", "--shape", "B-global", "H-windows", "--mode", "bf16", "tf32x3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cells = {tuple(line.split()[:3]): line for line in proc.stdout.splitlines()[1:]}
     assert len(cells) == len(arch.ARCHS) * 2 * 2, proc.stdout
@@ -156,24 +161,15 @@ def test_time_arch_rows_dry_run_lists_what_it_would_time():
 def test_time_arch_rows_dry_run_marks_the_cells_candidate_rows_change(tmp_path):
     # --rows: candidate rows after the table's; only the cells whose launches they change are timed again (here
     # sm_86's, which sm_89 shares), and a file without ROWS is refused
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     rows = tmp_path / "cand.py"
     rows.write_text('ROWS = [("dq", dict(fp32=False, max_smem=101376, max_cc=89, min_wk=9, max_wk=16), '
                     'dict(num_stages=2), "a candidate: 2 stages, 1 figure")]\n')
-    tool = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "time_arch_rows.py"
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
-    proc = subprocess.run([sys.executable, str(tool), "--dry-run", "--rows", str(rows), "--shape", "B-windows",
-                           "--mode", "bf16", "tf32"], env=env, capture_output=True, text=True, timeout=300)
+    proc = _time_arch_rows("--dry-run", "--rows", str(rows), "--shape", "B-windows", "--mode", "bf16", "tf32")
     assert proc.returncode == 0, proc.stderr[-3000:]
     cells = {tuple(line.split()[:3]): line for line in proc.stdout.splitlines()[1:]}
     changed = {key for key, line in cells.items() if "| rows: time" in line}
     assert changed == {("sm_86", "B-windows", "bf16"), ("sm_89", "B-windows", "bf16")}, proc.stdout
     assert "'num_stages': 2" in cells[("sm_86", "B-windows", "bf16")].split("| rows:")[1]
     rows.write_text("OTHER = []\n")
-    proc = subprocess.run([sys.executable, str(tool), "--dry-run", "--rows", str(rows)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = _time_arch_rows("--dry-run", "--rows", str(rows))
     assert proc.returncode != 0 and "defines no ROWS" in proc.stderr
