@@ -205,8 +205,9 @@ def normalize_rows(rows: list[dict]) -> list[dict]:
     """train_step / inference rows as the summaries and charts read them, filled in place: `model` missing (rows
     written before --model) is "vit-b", `img` missing 1024; `compiler` and `mode` missing (older train_step rows) are
     read from the impl name (benchmarks/impls.py spells them: "samhq-*" / "inductor*" compiled, "-ro"
-    reduce-overhead)."""
+    reduce-overhead); `gpu` missing is None, as on CPU."""
     for r in rows:
+        r.setdefault("gpu", None)
         r.setdefault("model", DEFAULT_MODEL)
         r.setdefault("img", DEFAULT_IMG)
         name = str(r.get("impl", ""))
@@ -321,16 +322,18 @@ KINDS = {
     "sol076_entry": (("precision", "workload", "impl"), ("precision", "workload", "impl", "span_us", "wall_us",
                                                           "n_kernels", "peak_mib", "status"),
                      lambda rows, out_dir: sol076_charts(rows, out_dir, "sol076_entry")),
-    "train_step": (("model", "img", "impl", "batch", "dtype"),
-                   ("model", "img", "dtype", "batch", "impl", "ms_per_step", "host_ms", "gpu_ms", "gpu_busy",
+    "train_step": (("gpu", "model", "img", "impl", "batch", "dtype"),
+                   ("gpu", "model", "img", "dtype", "batch", "impl", "ms_per_step", "host_ms", "gpu_ms", "gpu_busy",
                     "peak_mib", "cudagraph_skips", "status"), train_chart),
-    "inference": (("model", "img", "target", "dtype", "batch", "impl"),
-                  ("model", "img", "target", "dtype", "batch", "impl", "latency_ms", "images_per_s", "host_ms",
+    "inference": (("gpu", "model", "img", "target", "dtype", "batch", "impl"),
+                  ("gpu", "model", "img", "target", "dtype", "batch", "impl", "latency_ms", "images_per_s", "host_ms",
                    "gpu_ms", "gpu_busy", "peak_mib", "cudagraph_skips", "status"), inference_chart),
 }
 
 
-SUMMARY_GROUPS = {"train_step": ("model", "img", "dtype", "batch"), "inference": ("model", "img", "target", "dtype", "batch")}
+# a cell is one GPU's: rows timed on another GPU are never its latest row, nor compared with it
+SUMMARY_GROUPS = {"train_step": ("gpu", "model", "img", "dtype", "batch"),
+                  "inference": ("gpu", "model", "img", "target", "dtype", "batch")}
 SUMMARY_VALUE = {"train_step": "ms_per_step", "inference": "latency_ms"}
 
 
