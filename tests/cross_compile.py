@@ -86,9 +86,7 @@ ALLOWED_SPILLS: list[tuple[tuple[str, ...], str, int, int, dict[str, int], str]]
     (("sm_100",), "bwd:dq", 80, 64, {"3.6": 8, "3.7": 32}, "ViT-H 512 px global dQ on sm_100 (3.6: fp16 only)"),
     (("sm_120",), "fwd", 80, 64, {"3.7": 16, "3.8": 16, "3.9": 16}, "ViT-H 512 px global forward on sm_120"),
     (("sm_120",), "bwd:dkdv", 80, 32, {"3.7": 16, "3.8": 16, "3.9": 16}, "ViT-H windows dK/dV on sm_120"),
-    (("sm_80",), "bwd:dq", 80, 32, {"3.7": 8}, "ViT-H windows dQ on sm_80"),
     (("sm_80",), "bwd:dq", 80, 64, {"3.7": 8}, "ViT-H global dQ on sm_80, SPLIT_ROW"),
-    (("sm_86", "sm_89"), "bwd:dq", 80, 32, {"3.8": 16}, "ViT-H windows dQ on the 99 KB classes"),
 ]
 
 
