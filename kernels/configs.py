@@ -256,7 +256,7 @@ TABLE = [
      "bf16 ViT-H windows dQ on sm_80, 64 x 16: no spill (64 x 32: 8 B); H100 fwd + bwd 0.207 -> 0.210 ms"),
     ("dq", dict(fp32=False, max_smem=SMEM_99KB, max_cc=89, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
                 min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=3),
-     "bf16 ViT-H windows dQ on sm_86, 3 stages: no spill (4: 16 B); H100 fwd + bwd 0.207 -> 0.209 ms"),
+     "bf16 ViT-H windows dQ on sm_86 / sm_89, 3 stages: no spill (4: 16 B); H100 fwd + bwd 0.207 -> 0.209 ms"),
     ("dkdv", dict(fp32=False, max_smem=SMEM_163KB, min_rows=ROWS_SMALL_16BIT + 1, max_cc=89), dict(num_stages=3),
      "bf16 ViT-H windows fwd + bwd, sm_80's rows on the H200: 0.318 -> 0.201 ms; 33-47 KB, no spill"),
     # ViT-H's global dQ (64-key rows at D=80) spills 96-272 B at every plain config; with SPLIT_ROW (each row as two
