@@ -9,12 +9,12 @@ Everything here reads result rows (the JSON objects of a harness's benchmarks/re
 nothing else: the runners (sol076/compare_impls.py, sol076/time_entry.py, train_step.py, inference.py) call these
 functions, never the other way round, so a chart can be redrawn from the rows without the code that timed them.
 Orders come from the rows (workloads by size, implementations as they first appear).
-A cell is keyed by (precision, workload, impl) for sol076 and sol076_entry, (model, img, impl, batch, dtype) for
-train_step and (model, img, target, dtype, batch, impl) for inference; of the rows of one cell the last one read
+A cell is keyed by (precision, workload, impl) for sol076 and sol076_entry, (gpu, model, img, impl, batch, dtype) for
+train_step and (gpu, model, img, target, dtype, batch, impl) for inference; of the rows of one cell the last one read
 wins (files in the order given, rows in file order: the latest run), and --gpu keeps the rows whose GPU name
 contains it.  A train_step / inference row without `model` is read as "vit-b", one without `img` as 1024, one
-without `compiler` / `mode` by its impl name (normalize_rows).  train_step / inference charts: one panel per model,
-one bar per impl (one color per impl in every panel), the reduce-overhead builds hatched; their summaries:
+without `compiler` / `mode` by its impl name (normalize_rows).  train_step / inference charts: one panel per model
+and GPU, one bar per impl (one color per impl in every panel), the reduce-overhead builds hatched; their summaries:
 best_per_family (any mode) and best_by_mode (samhq against Inductor of the same mode, printed as lines).  Charts are
 written beside the first file; matplotlib is optional (not installed in CI): without it the charts are skipped with
 a message.
@@ -161,16 +161,18 @@ def gpus(rows: list[dict]) -> str:
 
 
 def _model_panels(rows: list[dict], group: tuple, value: str, label) -> tuple[list, set]:
-    """One panel per model (as the rows first name them): groups `group` (sorted), one series per impl, and the
-    impls whose rows ran in reduce-overhead (hatched)."""
+    """One panel per model and GPU (as the rows first name them; the GPU in the panel's title where the rows name
+    more than one): groups `group` (sorted), one series per impl, and the impls whose rows ran in reduce-overhead
+    (hatched)."""
     normalize_rows(rows)
+    several = len({r["gpu"] for r in rows}) > 1
     panels = []
-    for model in _first_seen(rows, "model"):
-        mr = [r for r in rows if r["model"] == model]
+    for model, gpu in dict.fromkeys((r["model"], r["gpu"]) for r in rows):
+        mr = [r for r in rows if r["model"] == model and r["gpu"] == gpu]
         groups = sorted({tuple(r[g] for g in group) for r in mr})
         cell = {tuple(r[g] for g in group) + (r["impl"],): r[value] for r in mr}
         series = {i: [cell.get(g + (i,)) for g in groups] for i in _first_seen(mr, "impl")}
-        panels.append((model, [label(*g) for g in groups], series))
+        panels.append((f"{model}, {gpu or 'CPU'}" if several else model, [label(*g) for g in groups], series))
     return panels, {r["impl"] for r in rows if r["mode"] == "reduce-overhead"}
 
 
@@ -291,8 +293,8 @@ def best_by_mode(rows: list[dict], group: tuple, value: str) -> list[dict]:
 def summary_line(entry: dict, group: tuple, value: str) -> str:
     """One best_by_mode entry as a line, e.g. 'vit-b bf16 b1 default: samhq-eager 4.9 ms vs inductor-eager 8.5 ms:
     1.73x (host 1.2 / 2.3 ms, busy 88% / 93%)' (samhq first in each pair; '-' where not measured)."""
-    head = " ".join(f"b{entry[g]}" if g == "batch" else f"{entry[g]}px" if g == "img" else str(entry[g])
-                    for g in group) + f" {entry['mode']}:"
+    head = " ".join(f"b{entry[g]}" if g == "batch" else f"{entry[g]}px" if g == "img" else
+                    (entry[g] or "CPU") if g == "gpu" else str(entry[g]) for g in group) + f" {entry['mode']}:"
     s, i = entry.get("samhq"), entry.get("inductor")
     side = lambda f: f"{entry[f]} {_ms(entry[f'{f}_{value}'])} ms"  # noqa: E731
     if s and i:

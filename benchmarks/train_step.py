@@ -438,10 +438,11 @@ def main(argv=None) -> dict:
     if device.type == "cuda" and args.profile:
         common.check_profiler(device)
     attn_re = attention_regex()
-    # finished rows of the same optimizer (older rows: none) are kept for the checks, other models' too; this
-    # model's are done
+    # finished rows of the same optimizer (older rows: none) and GPU are kept for the checks, other models' too;
+    # this model's are done
     rows = [r for r in plot.normalize_rows(common.load_rows(args.resume))
-            if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer]
+            if r.get("status") in common.DONE_STATUSES and r.get("optimizer", "none") == args.optimizer
+            and r["gpu"] == meta["gpu"]]
     done = {(r["impl"], r["batch"], r["dtype"]): r for r in rows if (r["model"], r["img"]) == (args.model, args.img)}
     resumed = len(rows)
     skipped: list[dict] = []

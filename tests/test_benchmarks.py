@@ -161,6 +161,26 @@ def test_rows_without_model_read_as_vit_b(tmp_path, capsys):
         plot.main([str(tmp_path / "rows.jsonl")])
 
 
+def test_rows_of_two_gpus_stay_apart(tmp_path, capsys):
+    """One cell timed on two GPUs: each GPU keeps its latest row, its summary holds samhq to that GPU's Inductor, and
+    the charts draw a panel per GPU."""
+    rows = [dict(gpu=g, model="vit-b", img=256, impl=i, batch=1, dtype="tf32", status="OK", ms_per_step=ms)
+            for g, i, ms in [("H200", "samhq-sdpa", 39.0), ("H200", "inductor", 40.0), ("H100", "samhq-sdpa", 19.7),
+                             ("H100", "inductor-eager", 24.3)]]
+    path = tmp_path / "train_step.jsonl"
+    common.append_rows(str(path), rows)
+    got = plot.latest(plot.normalize_rows(plot.read_rows([str(path)])), plot.KINDS["train_step"][0])
+    assert len(got) == 4  # the same (model, img, impl, batch, dtype) on two GPUs: two cells
+    plot.main([str(path)])
+    out = capsys.readouterr().out
+    assert "H200 vit-b 256px tf32 b1 default: samhq-sdpa 39.0 ms vs inductor 40.0 ms: 1.03x" in out
+    assert "H100 vit-b 256px tf32 b1 default: samhq-sdpa 19.7 ms vs inductor-eager 24.3 ms: 1.23x" in out
+    panels, _ = plot._model_panels(got, ("img", "batch", "dtype"), "ms_per_step", lambda *g: g)
+    assert [(title, series) for title, _, series in panels] == [
+        ("vit-b, H200", {"samhq-sdpa": [39.0], "inductor": [40.0]}),
+        ("vit-b, H100", {"samhq-sdpa": [19.7], "inductor-eager": [24.3]})]
+
+
 def test_impl_recipes_spell_modes_the_way_torch_compile_takes_them():
     import impls
 
@@ -331,6 +351,21 @@ def test_train_step_quick(tmp_path, capsys):
         assert capsys.readouterr().out.rstrip().endswith(m["line"])  # printed last
     else:
         assert impls["samhq-eager"]["status"] == "ERROR"
+
+
+@pytest.mark.slow
+def test_train_step_resume_counts_only_this_gpus_cells(tmp_path):
+    """--resume skips the cells a results file finished on this GPU (CPU here), not those another GPU timed."""
+    import train_step
+
+    pytest.importorskip("transformers")
+    args = ["--quick", "--impls", "eager-eager"]
+    (row,) = train_step.main(args + ["--out", str(tmp_path / "a.jsonl")])["results"]
+    for gpu, runs in ((None, False), ("NVIDIA H200", True)):
+        common.append_rows(str(tmp_path / f"{gpu}.jsonl"), [dict(row, gpu=gpu)])
+        out = tmp_path / f"{gpu}-new.jsonl"
+        train_step.main(args + ["--resume", str(tmp_path / f"{gpu}.jsonl"), "--out", str(out)])
+        assert [r["impl"] for r in common.load_rows(str(out))] == (["eager-eager"] if runs else []), gpu
 
 
 def test_train_step_attention_class_selection():
