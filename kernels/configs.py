@@ -58,7 +58,8 @@ num_warps and num_stages.
 Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/DECISIONS.md). The rows for
 the other GPU classes (max_smem / min_cc / max_cc conditions, after the rows they refine) are chosen by compiled
 figures, shared memory, tensor memory, registers, spills and CTAs per SM (tests/cross_compile.py), with the smallest
-change from Hopper's row that fits; benchmarks/tools/time_arch_rows.py times them on the H200 against Hopper's.
+change from Hopper's row that fits; benchmarks/tools/time_arch_rows.py times them on the H200 against Hopper's
+(on an H100 where a row's reason says so).
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ TABLE = [
     # ---- other GPU classes (kernels/arch.py): the rows above, refined to fit a CTA's shared memory and an SM's tensor
     # memory and, in bf16 / fp16, to run without register spills. Figures: tests/cross_compile.py (Triton 3.6,
     # aligned arguments) at SAM's shapes; not timed on those GPUs (benchmarks/tools/time_arch_rows.py times them on
-    # the H200 against the rows above)
+    # the H200 against the rows above, on an H100 where a row's reason says so)
     # mma.sync GPUs (sm_80, sm_86, sm_89, sm_120: at most 163 KB a CTA), 16-bit: 32-query dQ blocks and dK/dV steps
     ("dq", dict(fp32=False, max_smem=SMEM_163KB), dict(BLOCK_M=32),
      "bf16 SAM-B global dQ on sm_86, 32 queries: 210 registers, no spill (64 queries / 8 warps: 8 B)"),
