@@ -172,7 +172,7 @@ def _model_panels(rows: list[dict], group: tuple, value: str, label) -> tuple[li
         groups = sorted({tuple(r[g] for g in group) for r in mr})
         cell = {tuple(r[g] for g in group) + (r["impl"],): r[value] for r in mr}
         series = {i: [cell.get(g + (i,)) for g in groups] for i in _first_seen(mr, "impl")}
-        panels.append((f"{model}, {gpu or 'CPU'}" if several else model, [label(*g) for g in groups], series))
+        panels.append((f"{model}, {gpus(mr)}" if several else model, [label(*g) for g in groups], series))
     return panels, {r["impl"] for r in rows if r["mode"] == "reduce-overhead"}
 
 
