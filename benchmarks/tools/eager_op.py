@@ -1,8 +1,8 @@
 """The fused op called eagerly (`samhq_fx.rel_pos_attention`, forward + backward): wall time against GPU time.
 
-    python benchmarks/tools/eager_op.py [--iters 200] [--dtype bf16] [--profile OUT.txt] [--parts] [--json OUT.json]
+    python benchmarks/tools/eager_op.py [--iters 200] [--dtype bf16] [--profile OUT.txt] [--parts] [--out FILE]
 
-Results: benchmarks/results/eager_op.jsonl.
+Results: benchmarks/results/eager_op.jsonl (or --out), rows starting with common.row_meta.
 
 Method: SAM-B's global layer (12 heads, 64x64 keys) and windows (300 = 25 windows x 12 heads, 14x14), head dim 64, batch
 1. Wall time: the mean of `iters` back-to-back forward + backward calls between two synchronizations (so the host's
@@ -20,14 +20,18 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
+import os
 import pstats
+import sys
 import time
 
 import torch
 
 import samhq_fx
 from samhq_fx.kernels import launcher
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import common  # noqa: E402
 
 SHAPES = {"global": (12, 64, 64), "windows": (300, 14, 14)}  # (batch * heads, key-grid rows, columns)
 
@@ -126,10 +130,12 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--profile", help="write cProfile's top host functions here")
     ap.add_argument("--parts", action="store_true", help="time pieces of the call too (wall ms per call)")
-    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--out", default=None, help="append the rows to this .jsonl file instead of benchmarks/results/")
     args = ap.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     rows, report = [], io.StringIO()
+    meta = common.row_meta(common.env_info(), torch.device("cuda"))
+    path = common.results_path("eager_op", args.out)
     for name, (b, h, w) in SHAPES.items():
         ts = inputs(b, h, w, dtype)
         dout = torch.randn_like(ts[2])
@@ -137,12 +143,12 @@ def main(argv=None) -> None:
             step(ts, dout)
         gpu, launches = gpu_ms(ts, dout, 20)
         wall = min(wall_ms(lambda: step(ts, dout), args.iters) for _ in range(3))
-        rows.append(dict(shape=name, dtype=args.dtype, wall_ms=round(wall, 4), gpu_ms=round(gpu, 4),
-                         ratio=round(wall / gpu, 3), launches=launches, gpu=torch.cuda.get_device_name(),
-                         torch=torch.__version__, triton=__import__("triton").__version__,
-                         direct_launch=launcher.ENABLED))
+        rows.append(dict(meta, shape=name, dtype=args.dtype, wall_ms=round(wall, 4), gpu_ms=round(gpu, 4),
+                         ratio=round(wall / gpu, 3), launches=launches, direct_launch=launcher.ENABLED))
         if args.parts:
             rows[-1]["parts_ms"] = parts_ms(ts, dout, args.iters)
+        rows[-1]["method"] = "torch.autograd.grad"
+        common.append_rows(path, rows[-1:])
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()
@@ -154,9 +160,6 @@ def main(argv=None) -> None:
     if args.profile:
         with open(args.profile, "w") as f:
             f.write(report.getvalue())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
     print(f"{'shape':8s} {'dtype':5s} {'wall ms':>8s} {'GPU ms':>8s} {'wall/GPU':>8s} {'launches':>8s}")
     for r in rows:
         print(f"{r['shape']:8s} {r['dtype']:5s} {r['wall_ms']:8.3f} {r['gpu_ms']:8.3f} {r['ratio']:8.2f} "
