@@ -53,6 +53,26 @@ def test_plan_follows_matmul_precision(matmul_precision):
     assert K._plan(K._fwd_plan, *ts).consts["PREC"] == "tf32"
 
 
+def test_launch_arguments_kept_in_a_plan_are_a_fresh_calls_and_the_scale_is_not_kept(monkeypatch):
+    calls = []
+    monkeypatch.setattr(K, "_launch", lambda kernel, grid, *args, cache=None, **kw: calls.append((grid, args, kw)))
+
+    def launches(scale):  # forward + backward, kernels stubbed: what each launch was given but its tensors
+        calls.clear()
+        ts = _inputs()
+        out, lse = K.forward(*ts, scale)
+        K.backward(torch.randn_like(out), *ts, out, lse, scale)
+        return [(grid, [a for a in args if not isinstance(a, torch.Tensor)], kw) for grid, args, kw in calls]
+
+    K._PLANS.clear()
+    cold = launches(0.25)
+    kept = launches(0.5)  # the plan the first call built
+    K._PLANS.clear()
+    fresh = launches(0.5)
+    assert len(kept) >= 2 and kept == fresh
+    assert [c[1] for c in cold] != [c[1] for c in kept]  # the scale differs: it is an argument of each call
+
+
 def test_unsupported_reason_is_kept_per_signature():
     ts = _inputs()
     assert K.unsupported_reason(*ts) is None
