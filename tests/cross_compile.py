@@ -4,6 +4,7 @@
     python tests/cross_compile.py --json rows.json     # also write the rows
     python tests/cross_compile.py --arch sm_86 --mode bf16 tf32x3 --quiet
     PYTHONPATH=.ci-triton36 python tests/cross_compile.py   # with Triton 3.6 (.ci/run puts 3.6 / 3.7 / 3.8 in .ci-triton3x)
+    python tests/cross_compile.py --px 384 640 768 1280 --quiet   # other image sizes (not part of the check's pass)
 
 For each architecture (kernels/arch.py), dtype / precision (bf16, fp16, fp32 "high" = TF32, fp32 "highest" = 3-pass
 TF32) and SAM shape class (ViT-B 12 heads / ViT-L 16 heads at head dim 64, ViT-H 16 heads at 80; global layers on
@@ -45,8 +46,11 @@ MODES = {"bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")
          "tf32": (torch.float32, "high"), "tf32x3": (torch.float32, "highest")}
 # model -> (heads, head dim)
 MODELS = {"B": (12, 64), "L": (16, 64), "H": (16, 80)}
-# image px -> (global key grid side, windows per image)
-RESOLUTIONS = {1024: (64, 25), 512: (32, 9), 256: (16, 4)}
+# image px -> (global key grid side, windows per image: the grid padded to whole 14x14 windows)
+RESOLUTIONS = {1024: (64, 25), 512: (32, 9), 256: (16, 4), 384: (24, 4), 640: (40, 9), 768: (48, 16), 1280: (80, 36)}
+# what the check covers unless --px says otherwise: SAM's 1024 px and the fine-tuning sizes; the other sizes compile
+# with spills and, above 1024 px (key grids over 64 wide), some launches do not fit (benchmarks/DECISIONS.md)
+SAM_PX = (1024, 512, 256)
 BATCHES = (1, 8)
 
 
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--model", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--batch", nargs="+", type=int, default=list(BATCHES), choices=list(BATCHES))
-    p.add_argument("--px", nargs="+", type=int, default=list(RESOLUTIONS), choices=list(RESOLUTIONS),
+    p.add_argument("--px", nargs="+", type=int, default=list(SAM_PX), choices=list(RESOLUTIONS),
                    help="image sizes: 1024 (64x64 global, 25 windows), 512 (32x32, 9), 256 (16x16, 4)")
     p.add_argument("--no-extras", action="store_true", help="skip the sweep OVERRIDES and padded head dim 80")
     p.add_argument("--jobs", type=int, default=None, help="compile threads (default: CPU count, at most 8)")
