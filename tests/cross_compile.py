@@ -4,7 +4,7 @@
     python tests/cross_compile.py --json rows.json     # also write the rows
     python tests/cross_compile.py --arch sm_86 --mode bf16 tf32x3 --quiet
     PYTHONPATH=.ci-triton36 python tests/cross_compile.py   # with Triton 3.6 (.ci/run puts 3.6 / 3.7 / 3.8 in .ci-triton3x)
-    python tests/cross_compile.py --px 384 640 768 1280 --quiet   # other image sizes (not part of the check's pass)
+    python tests/cross_compile.py --px 384 640 768 1280 --no-extras --quiet   # other image sizes: exit 1, they spill
 
 For each architecture (kernels/arch.py), dtype / precision (bf16, fp16, fp32 "high" = TF32, fp32 "highest" = 3-pass
 TF32) and SAM shape class (ViT-B 12 heads / ViT-L 16 heads at head dim 64, ViT-H 16 heads at 80; global layers on
@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--batch", nargs="+", type=int, default=list(BATCHES), choices=list(BATCHES))
     p.add_argument("--px", nargs="+", type=int, default=list(SAM_PX), choices=list(RESOLUTIONS),
-                   help="image sizes: 1024 (64x64 global, 25 windows), 512 (32x32, 9), 256 (16x16, 4)")
+                   help="image sizes: 1024 (64x64 global, 25 windows), 512 (32x32, 9), 256 (16x16, 4), the default; "
+                        "also 384 (24x24, 4), 640 (40x40, 9), 768 (48x48, 16), 1280 (80x80, 36), outside the check")
     p.add_argument("--no-extras", action="store_true", help="skip the sweep OVERRIDES and padded head dim 80")
     p.add_argument("--jobs", type=int, default=None, help="compile threads (default: CPU count, at most 8)")
     p.add_argument("--json", help="write the rows to this file")
