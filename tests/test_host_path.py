@@ -59,7 +59,7 @@ def test_launch_arguments_kept_in_a_plan_are_a_fresh_calls_and_the_scale_is_not_
 
     def launches(scale):  # forward + backward, kernels stubbed: what each launch was given but its tensors
         calls.clear()
-        ts = _inputs()
+        ts = _inputs(hk=7, wk=10)  # fp32 over 8 keys wide: the K-major and transposed-bias copies are made
         out, lse = K.forward(*ts, scale)
         K.backward(torch.randn_like(out), *ts, out, lse, scale)
         return [(grid, [a for a in args if not isinstance(a, torch.Tensor)], kw) for grid, args, kw in calls]
