@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_kernels import K, MODES, make_inputs, record_launches, run_and_check
+from test_kernels import K, MODES, make_inputs, record_launches, run_and_check, skip_unless_fit
 
 try:
     from samhq_fx.kernels import arch, fit
@@ -25,16 +25,6 @@ pytestmark = pytest.mark.gpu
 # split backward of many rows), ViT-H windows at 512 px (9 x 16: one fused launch) and 1024 px (25 x 16), ViT-B and
 # ViT-H global layers at batch 1, ViT-B's at 256 px (one fused fp32 launch)
 SAM = [(108, 14, 64), (300, 14, 64), (144, 14, 80), (400, 14, 80), (12, 64, 64), (16, 64, 80), (12, 16, 64)]
-
-
-def skip_unless_fit(launches, real: arch.Arch, what: str) -> None:
-    """Skip the test where `launches` compile but do not fit the `real` GPU (shared memory, or tensor memory, which
-    Triton reports as OutOfResources); fail it where one does not compile."""
-    built = fit.build_all([(launch, real) for launch in launches])
-    assert not [bt.error for bt in built if bt.error and not bt.error.startswith("OutOfResources")]
-    why = next((bt.misfit for bt in built if bt.misfit), None)
-    if why:
-        pytest.skip(f"{what} do not fit this GPU ({real.name}): {why}")
 
 
 @pytest.fixture(autouse=True)
