@@ -73,6 +73,7 @@ WK_TINY = 8  # 7x7 windows, padded to 8 (R = 8): fp32 dQ with 64-query blocks an
 WK_NARROW = 16  # 14x14 windows (SAM's) and 16x16 grids, padded to 16 (R = 4): rel_h by selects in 32-key tiles;
 #                 from 17 up (padded to 32 and more, R <= 2) dK/dV's bias copies pay at every size
 WK_32 = 32  # 32x32 grids (SAM's global layer at 512 px): 64-query dQ on mma.sync GPUs spills there, not on 64x64
+WK_64 = 64  # 64x64 grids (SAM's global layer at 1024 px); wider ones (80x80 at 1280 px) pad to 128-key grid rows
 # Query rows in all (rows = batch * heads * queries; the row figures are at 12 heads).
 ROWS_SMALL_FP32 = 8192  # fp32 on grids 9 to 16 wide: up to this many rows one fused backward launch wins (14x14x2,
 #                         4704 rows: 64.0 -> 58.5 us), above it split launches (14x14x8, 18816 rows: 140 vs 145 us)
@@ -215,6 +216,13 @@ TABLE = [
     ("dq", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
                 min_rows=ROWS_TINY_16BIT, max_rows=ROWS_SMALL_16BIT), dict(num_stages=1),
      "the fused launch's stages (row above: 98.3 -> 89.7 us)"),
+    # ---- grids over 64 wide (SAM above 1024 px: 80x80 at 1280), one 128-key tile a grid row: at D=80 the rows above
+    # spill on sm_90 (dQ 320 B, dK/dV 248 B); SPLIT_ROW at 2 stages and 16-query dK/dV steps spill 88 B / none
+    # (benchmarks/DECISIONS.md, "Image sizes outside the check"; D=64's spill-free 32-query dQ on 8 warps: a loss)
+    ("dq", dict(fp32=False, min_d=D_64 + 1, min_wk=WK_64 + 1), dict(SPLIT_ROW=True, num_stages=2),
+     "bf16 ViT-H 1280 px global fwd + bwd, H100: 7.24 -> 6.37 ms with the dK/dV row below; dQ spills 88 B (320)"),
+    ("dkdv", dict(fp32=False, min_d=D_64 + 1, min_wk=WK_64 + 1), dict(BLOCK_M=16),
+     "bf16 ViT-H 1280 px global dK/dV, 16-query steps: sm_90 no spill (32: 248 B); the row above's 7.24 -> 6.37 ms"),
     # ---- other GPU classes (kernels/arch.py): the rows above, refined to fit a CTA's shared memory and an SM's tensor
     # memory and, in bf16 / fp16, to run without register spills. Figures: tests/cross_compile.py (Triton 3.6,
     # aligned arguments) at SAM's shapes; not timed on those GPUs (benchmarks/tools/time_arch_rows.py times them on
