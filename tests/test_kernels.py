@@ -363,10 +363,12 @@ def test_rel_h_select_variant(mode, monkeypatch, matmul_precision):
 
 
 # (batch, grid hk x wk, head dim, value dim, mode, rel terms as the query grid, fused launch): dQ's SPLIT_ROW
-# (one-row key tiles as two halves) with the upper half partly padding (20 -> 32, 40 -> 64) or none (32), head dims
-# in two chunks (80 = 64 + 16, 48 = 32 + 16), fp32's K-major key copy, the 4-D terms and the fused launch
+# (one-row key tiles as two halves) with the upper half partly padding (20 -> 32, 40 -> 64, 80 -> 128: SAM's 1280 px
+# global grid, where the table takes it at D=80) or none (32), head dims in two chunks (80 = 64 + 16, 48 = 32 + 16),
+# fp32's K-major key copy, the 4-D terms and the fused launch
 SPLIT_ROW = [
     (2, 3, 20, 80, 80, "bf16", False, False),
+    (1, 2, 80, 80, 80, "bf16", False, False),
     (1, 2, 32, 64, 32, "fp32-high", False, False),
     (2, 2, 40, 48, 48, "fp16", True, False),
     (1, 3, 20, 64, 64, "bf16", True, True),
