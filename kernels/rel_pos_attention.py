@@ -352,10 +352,8 @@ def forward(q, k, v, rel_h, rel_w, scale: float, heads: int = 1):
     out_shape = (b // heads, n_q, heads, v.shape[2]) if heads > 1 else (b, n_q, v.shape[2])
     out = _empty(out_shape, q.dtype, q.device)
     lse = _empty((b, n_q), torch.float32, q.device)
-    ints = p.ints.get("fwd")
-    if ints is None:
-        ints = p.ints["fwd"] = (*q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1), *p.rel_strides,
-                                *_strides_bhnd(out), lse.stride(0), n_q)
+    ints = _kept(p.ints, "fwd", lambda: (*q.stride(), *k.stride(), *v.stride(), vt.stride(0), vt.stride(1),
+                                         *p.rel_strides, *_strides_bhnd(out), lse.stride(0), n_q))
     _launch(_fwd_kernel, p.grid, q, k, v, vt, rel_h, rel_w, out, lse, *ints, scale * 1.4426950408889634,
             cache=p.compiled["fwd"], **p.consts)
     return out, lse
@@ -417,15 +415,15 @@ def backward(dout, q, k, v, rel_h, rel_w, out, lse, scale: float):
                 _queries_kmajor(rel_w, bm).transpose(1, 2) if p.bias_t else rel_w)
 
     def launch(part, grid, qt, dot, rh_t, rw_t, kt, options):
-        kept = p.ints.get(part)
-        if kept is None:
+        def arguments():  # (integer arguments, constexprs) of this launch site, the same on every call of the plan
             (rht_s, rht_qw), (rwt_s, rwt_qw) = _rel_strides(rh_t), _rel_strides(rw_t)
             ints = (*q.stride(), *k.stride(), *v.stride(), *p.rel_strides, *rht_s, *rwt_s,
                     *_strides_bhnd(dout), *_strides_bhnd(out), *lse.stride(), delta.stride(0),
                     *dq.stride(), *dk.stride(), *dv.stride(), *p.grad_strides,
                     qt.stride(0), qt.stride(1), dot.stride(0), dot.stride(1), kt.stride(0), kt.stride(1), n_q)
-            kept = p.ints[part] = (ints, dict(PART=part, RHT_QW=rht_qw, RWT_QW=rwt_qw, **p.consts, **options))
-        ints, consts = kept
+            return ints, dict(PART=part, RHT_QW=rht_qw, RWT_QW=rwt_qw, **p.consts, **options)
+
+        ints, consts = _kept(p.ints, part, arguments)
         _launch(
             _bwd_kernel, grid, q, k, v, rel_h, rel_w, rh_t, rw_t, dout, out, lse, delta, dq, dk, dv, drh, drw, qt, dot, kt,
             *ints, scale * 1.4426950408889634, scale, cache=p.compiled[part], **consts,
