@@ -16,8 +16,8 @@ GPU, not on the class's own: an sm_86 row timed on an H200 says what its smaller
 `--rows FILE` times candidate rows against the table: FILE defines ROWS, rows in kernels/configs.py's TABLE format
 (checked as the table is), put after the table's; every cell whose launches they change is timed again with them
 (`rows ms`, and `rows/tab`, the ratio to the table's time in the same process), within the same time budget.
-Shapes ending in -512 (SAM at 512 px: 32x32 global grids) and -1280 (80x80 grids, one 128-key tile a grid row) are
-timed only when named.
+The other shapes are timed only when named: -256 and -512 (SAM at 256 / 512 px: 16x16 / 32x32 global grids; -b8 at
+batch 8) and -1280 (80x80 grids, one 128-key tile a grid row).
 
 Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median, L2 flushed before each replay
 (bench_attention_core.graph_bench); inputs as bench_attention_core.make builds them.
@@ -43,9 +43,11 @@ except ImportError:  # run from the repo root without the package installed
     sys.path.insert(0, os.path.join(HERE, "..", ".."))
     from kernels import arch, configs, fit
 
-# name -> (batch * heads, key-grid side, head dim): SAM at batch 1, 1024 px (and, when named, 512 and 1280 px)
+# name -> (batch * heads, key-grid side, head dim): SAM at batch 1, 1024 px (and, when named, 256, 512 and 1280 px,
+# and ViT-H's 512 px global layer at batch 8, whose split backward launches batch 1's fused one does not make)
 SHAPES = {"B-global": (12, 64, 64), "B-windows": (25 * 12, 14, 64), "H-global": (16, 64, 80),
           "H-windows": (25 * 16, 14, 80), "B-global-512": (12, 32, 64), "H-global-512": (16, 32, 80),
+          "H-global-512-b8": (8 * 16, 32, 80), "H-global-256": (16, 16, 80),
           "B-global-1280": (12, 80, 64), "H-global-1280": (16, 80, 80)}
 DEFAULT_SHAPES = ("B-global", "B-windows", "H-global", "H-windows")
 MODES = {"bf16": (torch.bfloat16, "highest"), "tf32": (torch.float32, "high"), "tf32x3": (torch.float32, "highest")}
