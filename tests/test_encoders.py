@@ -1,9 +1,11 @@
 """Whole encoders written the way other code bases write them, compiled with backend="samhq" on CPU.
 
-Not HF's classes: segment-anything's ViT image encoder block (window partition with padding, `get_rel_pos`,
+Not HF's SAM classes: segment-anything's ViT image encoder block (window partition with padding, `get_rel_pos`,
 `add_decomposed_rel_pos` on a 5-D view), timm's SAM ViT attention (the bias built apart, then SDPA on 3-D q, k, v
 or the explicit softmax) and timm's MViTv2 attention without a class token (rel-pos terms from einsums, the
-biased scores written back into `attn[:, :, 0:, 0:]`). Each must fuse every attention layer and
+biased scores written back into `attn[:, :, 0:, 0:]`), also with pooled queries and keys (q and k grids of
+different sizes, rel-pos distances scaled, residual pooling), and transformers' VitDetModel (ViTMatte's backbone,
+rel-pos tables interpolated to a non-square image). Each must fuse every attention layer and
 give float64's output and gradients, the rel-pos tables' included: through the op's reference on CPU, and through
 the Triton kernels under the interpreter (as on CUDA, where tests/test_gpu.py runs the same checks).
 """
@@ -150,6 +152,65 @@ class MViTv2Attention(nn.Module):  # timm mvitv2: cal_rel_pos_type without a cla
         return self.proj((attn @ v).transpose(1, 2).reshape(B, N, -1))
 
 
+class MViTv2PooledAttention(nn.Module):  # timm mvitv2 MultiScaleAttention: pooled q and k/v grids of their own sizes
+    def __init__(self, dim, num_heads, grid, stride_q, stride_kv):
+        super().__init__()
+        self.num_heads, self.grid, self.scale = num_heads, grid, (dim // num_heads) ** -0.5
+        hd = dim // num_heads
+        self.qkv, self.proj = nn.Linear(dim, dim * 3), nn.Linear(dim, dim)
+        # timm's "conv" pooling: a depthwise 3x3 convolution per head, strided
+        self.pool_q = nn.Conv2d(hd, hd, 3, stride_q, 1, groups=hd, bias=False)
+        self.pool_k = nn.Conv2d(hd, hd, 3, stride_kv, 1, groups=hd, bias=False)
+        self.pool_v = nn.Conv2d(hd, hd, 3, stride_kv, 1, groups=hd, bias=False)
+        q_size = [(s - 1) // stride_q + 1 for s in grid]
+        kv_size = [(s - 1) // stride_kv + 1 for s in grid]
+        self.rel_pos_h = nn.Parameter(torch.randn(2 * max(q_size[0], kv_size[0]) - 1, hd) * 0.5)
+        self.rel_pos_w = nn.Parameter(torch.randn(2 * max(q_size[1], kv_size[1]) - 1, hd) * 0.5)
+
+    def _pool(self, x, pool):  # x: [B, heads, N, hd] on grid -> pooled, with its grid
+        B, heads, _, hd = x.shape
+        x = pool(x.reshape(B * heads, *self.grid, hd).permute(0, 3, 1, 2))
+        size = x.shape[2:]
+        return x.reshape(B, heads, hd, -1).transpose(2, 3), size
+
+    def forward(self, x):  # x: [B, N, dim] on self.grid
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        (q, (q_h, q_w)), (k, (k_h, k_w)) = self._pool(q, self.pool_q), self._pool(k, self.pool_k)
+        v, _ = self._pool(v, self.pool_v)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        # cal_rel_pos_type: distances scaled up where the q and k grids differ
+        q_h_ratio, k_h_ratio = max(k_h / q_h, 1.0), max(q_h / k_h, 1.0)
+        dist_h = torch.arange(q_h)[:, None] * q_h_ratio - torch.arange(k_h)[None, :] * k_h_ratio + (k_h - 1) * k_h_ratio
+        q_w_ratio, k_w_ratio = max(k_w / q_w, 1.0), max(q_w / k_w, 1.0)
+        dist_w = torch.arange(q_w)[:, None] * q_w_ratio - torch.arange(k_w)[None, :] * k_w_ratio + (k_w - 1) * k_w_ratio
+        Rh, Rw = self.rel_pos_h[dist_h.long()], self.rel_pos_w[dist_w.long()]
+        r_q = q[:, :, 0:].reshape(B, self.num_heads, q_h, q_w, -1)
+        rel_h = torch.einsum("byhwc,hkc->byhwk", r_q, Rh)
+        rel_w = torch.einsum("byhwc,wkc->byhwk", r_q, Rw)
+        attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(B, -1, q_h, q_w, k_h, k_w)
+                              + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).view(B, -1, q_h * q_w, k_h * k_w)
+        x = attn.softmax(dim=-1) @ v + q  # residual pooling
+        return self.proj(x.transpose(1, 2).reshape(B, q_h * q_w, -1))
+
+
+class HFVitDet(nn.Module):  # transformers' VitDetModel (ViTMatte's backbone): the encoder's last hidden state
+    def __init__(self):
+        super().__init__()
+        from transformers import VitDetConfig, VitDetModel
+
+        from samhq_fx.models import random_init_
+
+        # pretrained at 48 px: the global layers' rel-pos tables (and the absolute ones) are interpolated at 64 px
+        cfg = VitDetConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, mlp_ratio=2, image_size=64,
+                           pretrain_image_size=48, patch_size=8, window_size=3, window_block_indices=[0, 2],
+                           residual_block_indices=[1], use_relative_position_embeddings=True)
+        self.model = random_init_(VitDetModel(cfg))
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values).last_hidden_state
+
+
 def _segment_anything_encoder():
     grid = (10, 9)  # 7x7 windows over a padded 14x14 grid, then global 10x9
     return nn.Sequential(SamBlock(32, 2, 7, grid), SamBlock(32, 2, 0, grid)), torch.randn(2, *grid, 32), 2
@@ -167,7 +228,18 @@ def _mvitv2_encoder():
         torch.randn(2, 30, 32), 2
 
 
-ENCODERS = {"segment_anything": _segment_anything_encoder, "timm_sam": _timm_sam_encoder, "mvitv2": _mvitv2_encoder}
+def _mvitv2_pooled_encoder():  # q grid 8x6 -> keys 4x3 (kv stride 2); then q and keys both pooled: 4x3 -> 2x2
+    grid = (8, 6)
+    return nn.Sequential(MViTv2PooledAttention(32, 2, grid, 1, 2), nn.LayerNorm(32),
+                         MViTv2PooledAttention(32, 2, grid, 2, 4)), torch.randn(2, 48, 32), 2
+
+
+def _hf_vitdet_encoder():  # a 64 x 40 image: an 8x5 global grid, 3x3 windows over it padded to 9x6
+    return HFVitDet(), torch.randn(2, 3, 64, 40), 3
+
+
+ENCODERS = {"segment_anything": _segment_anything_encoder, "timm_sam": _timm_sam_encoder, "mvitv2": _mvitv2_encoder,
+            "mvitv2_pooled": _mvitv2_pooled_encoder, "hf_vitdet": _hf_vitdet_encoder}
 
 
 @pytest.mark.parametrize("name", list(ENCODERS))
