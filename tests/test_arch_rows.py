@@ -173,3 +173,23 @@ def test_time_arch_rows_dry_run_marks_the_cells_candidate_rows_change(tmp_path):
     rows.write_text("OTHER = []\n")
     proc = _time_arch_rows("--dry-run", "--rows", str(rows))
     assert proc.returncode != 0 and "defines no ROWS" in proc.stderr
+
+
+def test_time_arch_rows_names_any_sam_layer():
+    # MODEL-LAYER-PX[-bBATCH]: the global grid is px / 16 wide, the windows that grid padded to whole 14x14 windows;
+    # SAM's 1024 px names agree with the fixed ones, and a name that says nothing real is refused with the format
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))
+    import time_arch_rows as t
+
+    assert t.shape_spec("B-global-1024") == t.SHAPES["B-global"] == (12, 64, 64)
+    assert t.shape_spec("H-windows-1024") == t.SHAPES["H-windows"] == (400, 14, 80)
+    assert t.shape_spec("H-global-512-b8") == t.SHAPES["H-global-512-b8"]
+    assert t.shape_spec("L-global-768-b8") == (8 * 16, 48, 64)
+    assert t.shape_spec("B-windows-640-b2") == (2 * 9 * 12, 14, 64)  # 40 wide: 3 x 3 windows of 14
+    for bad in ("X-global-640", "B-global-650", "B-global-640-b0", "B-window-640"):
+        with pytest.raises(ValueError, match="MODEL-LAYER-PX"):
+            t.shape_spec(bad)

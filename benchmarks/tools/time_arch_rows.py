@@ -17,7 +17,8 @@ GPU, not on the class's own: an sm_86 row timed on an H200 says what its smaller
 (checked as the table is), put after the table's; every cell whose launches they change is timed again with them
 (`rows ms`, and `rows/tab`, the ratio to the table's time in the same process), within the same time budget.
 The other shapes are timed only when named: -256 and -512 (SAM at 256 / 512 px: 16x16 / 32x32 global grids; -b8 at
-batch 8) and -1280 (80x80 grids, one 128-key tile a grid row).
+batch 8) and -1280 (80x80 grids, one 128-key tile a grid row), or any SAM layer as MODEL-LAYER-PX[-bBATCH]
+(`--shape B-global-640-b8 H-windows-768`: ViT-B / L / H, a px/16-wide global grid or its 14x14 windows).
 
 Timing: CUDA-graph replay of forward + backward, triton.testing.do_bench median, L2 flushed before each replay
 (bench_attention_core.graph_bench); inputs as bench_attention_core.make builds them.
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -50,13 +52,45 @@ SHAPES = {"B-global": (12, 64, 64), "B-windows": (25 * 12, 14, 64), "H-global": 
           "H-global-512-b8": (8 * 16, 32, 80), "H-global-256": (16, 16, 80),
           "B-global-1280": (12, 80, 64), "H-global-1280": (16, 80, 80)}
 DEFAULT_SHAPES = ("B-global", "B-windows", "H-global", "H-windows")
+# any other SAM layer by name: MODEL-LAYER-PX[-bBATCH], e.g. L-global-768-b8 (ViT-L's global layer of a 768 px image
+# at batch 8)
+SHAPE_NAME = re.compile(r"^([BLH])-(global|windows)-(\d+)(?:-b(\d+))?$")
 MODES = {"bf16": (torch.bfloat16, "highest"), "tf32": (torch.float32, "high"), "tf32x3": (torch.float32, "highest")}
 RESULTS = os.path.join(HERE, "..", "results", "arch_rows.jsonl")
 BUDGET_S = 220.0  # stop starting new cells past this: the whole run stays under 4 minutes
 
 
+def shape_spec(name: str) -> tuple[int, int, int]:
+    """(batch * heads, key-grid side, head dim) of a SHAPES name or of MODEL-LAYER-PX[-bBATCH]: a px-wide image has a
+    px/16-wide global grid and that grid padded to whole 14x14 windows. ValueError for anything else."""
+    if name in SHAPES:
+        return SHAPES[name]
+    m = SHAPE_NAME.match(name)
+    if not m or int(m[3]) % 16 or not 16 <= int(m[3]) <= 4096 or (m[4] is not None and int(m[4]) < 1):
+        raise ValueError(f"shape {name!r}: one of {', '.join(SHAPES)}, or MODEL-LAYER-PX[-bBATCH] with MODEL B, L or "
+                         f"H, LAYER global or windows, PX a multiple of 16 up to 4096 (e.g. H-global-768-b8)")
+    from image_size import grid_classes  # benchmarks/: SAM's layers at an image size
+    from samhq_fx.models import VIT_SIZES
+
+    vit = VIT_SIZES["vit-" + m[1].lower()]
+    heads = vit["num_attention_heads"]
+    (_, side, _), (_, window, windows) = grid_classes(int(m[3]))
+    batch = int(m[4] or 1)
+    if m[2] == "global":
+        return batch * heads, side, vit["hidden_size"] // heads
+    return batch * windows * heads, window, vit["hidden_size"] // heads
+
+
+def _shape_arg(name: str) -> str:
+    try:
+        shape_spec(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
+
+
 def shape_of(name: str) -> fit.Shape:
-    b, side, d = SHAPES[name]
+    b, side, d = shape_spec(name)
     return fit.Shape(b, side * side, side, side, d, d)
 
 
@@ -146,7 +180,7 @@ def time_cell(cell: dict, rows: list | None = None) -> float:
         from samhq_fx.kernels import rel_pos_attention as K
     except ImportError:
         from kernels import rel_pos_attention as K
-    b, side, d = SHAPES[cell["shape"]]
+    b, side, d = shape_spec(cell["shape"])
     dtype, prec = MODES[cell["mode"]]
     torch.set_float32_matmul_precision(prec)
     os.environ["SAMHQ_FX_ARCH"] = cell["arch"]  # read at every call; captured into the graph with its configs
@@ -162,7 +196,8 @@ def time_cell(cell: dict, rows: list | None = None) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", nargs="+", default=list(arch.ARCHS), choices=list(arch.ARCHS))
-    p.add_argument("--shape", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
+    p.add_argument("--shape", nargs="+", default=list(DEFAULT_SHAPES), type=_shape_arg, metavar="SHAPE",
+                   help=f"{', '.join(SHAPES)}, or MODEL-LAYER-PX[-bBATCH] (e.g. B-global-640-b8)")
     p.add_argument("--mode", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--dry-run", action="store_true", help="list the cells (and, on a GPU, what does not fit); time none")
     p.add_argument("--rows", help="a Python file whose ROWS (candidate table rows) are timed against the table")
@@ -185,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_timed: dict[int, float] = {}  # the launches with the rows (their hash) -> ms
     header = common.row_meta(common.env_info(), torch.device("cuda" if gpu else "cpu"))
     extra = f" {'rows ms':>8s} {'rows/tab':>8s}" if rows else ""
-    print(f"{'arch':7s} {'shape':12s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}{extra}  note")
+    print(f"{'arch':7s} {'shape':16s} {'mode':7s} {'ms':>8s} {'vs sm_90':>8s}{extra}  note")
     out = []
     for cell in cells:
         key = (cell["shape"], cell["mode"])
@@ -215,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         fmt = lambda x, f: "-" if x is None else f.format(x)  # noqa: E731
         extra = (f" {fmt(rows_ms, '{:.3f}'):>8s} {fmt(rows_ms / ms if rows_ms and ms else None, '{:.3f}'):>8s}"
                  if rows else "")
-        print(f"{cell['arch']:7s} {cell['shape']:12s} {cell['mode']:7s} {fmt(ms, '{:.3f}'):>8s} "
+        print(f"{cell['arch']:7s} {cell['shape']:16s} {cell['mode']:7s} {fmt(ms, '{:.3f}'):>8s} "
               f"{fmt(ratio, '{:.2f}'):>8s}{extra}  {cell['action']}{': ' + note.lstrip(' |') if note else ''}",
               flush=True)
         out.append({**header, **cell, "ms": ms, "ratio_to_sm90": ratio, "rows_ms": rows_ms, "rows_file": args.rows})
