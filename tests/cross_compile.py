@@ -5,6 +5,7 @@
     python tests/cross_compile.py --arch sm_86 --mode bf16 tf32x3 --quiet
     PYTHONPATH=.ci-triton36 python tests/cross_compile.py   # with Triton 3.6 (.ci/run puts 3.6 / 3.7 / 3.8 in .ci-triton3x)
     python tests/cross_compile.py --px 384 640 768 1280 --no-extras --quiet   # other image sizes: exit 1, they spill
+    python tests/cross_compile.py --px 896 --batch 4 --model H --mode bf16 --no-extras   # any 16-px multiple, batch
 
 For each architecture (kernels/arch.py), dtype / precision (bf16, fp16, fp32 "high" = TF32, fp32 "highest" = 3-pass
 TF32) and SAM shape class (ViT-B 12 heads / ViT-L 16 heads at head dim 64, ViT-H 16 heads at 80; global layers on
@@ -54,6 +55,15 @@ SAM_PX = (1024, 512, 256)
 BATCHES = (1, 8)
 
 
+def resolution(px: int) -> tuple[int, int]:
+    """(global key grid side, windows per image) of a px-wide SAM image: 16-pixel patches, the grid padded to whole
+    14x14 windows (RESOLUTIONS' sizes and any other multiple of 16)."""
+    if px % 16 or not 16 <= px <= 4096:
+        raise ValueError(f"image size {px}: a multiple of 16 (SAM's patch) from 16 to 4096")
+    side = px // 16
+    return side, (-(-side // 14)) ** 2
+
+
 @dataclass(frozen=True)
 class SamShape:
     model: str  # "B", "L", "H"
@@ -67,7 +77,7 @@ class SamShape:
 
     def fit_shape(self) -> fit.Shape:
         heads, d = MODELS[self.model]
-        side, windows = RESOLUTIONS[self.px]
+        side, windows = resolution(self.px)
         # the output heads-last, as the rewrite writes it for SAM's attention (both HF classes, segment_anything)
         if self.layer == "global":
             return fit.Shape(self.batch * heads, side * side, side, side, d, d, heads=heads)
@@ -228,22 +238,39 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _image_size(text: str) -> int:
+    try:
+        px = int(text)
+        resolution(px)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "image size" in str(e) else f"image size {text!r}: not a number")
+    return px
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"batch {text!r}: a whole number of images, at least 1")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", nargs="+", default=list(arch.ARCHS), choices=list(arch.ARCHS))
     p.add_argument("--mode", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--model", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--batch", nargs="+", type=int, default=list(BATCHES), choices=list(BATCHES))
-    p.add_argument("--px", nargs="+", type=int, default=list(SAM_PX), choices=list(RESOLUTIONS),
+    p.add_argument("--batch", nargs="+", type=_positive, default=list(BATCHES))
+    p.add_argument("--px", nargs="+", type=_image_size, default=list(SAM_PX),
                    help="image sizes: 1024 (64x64 global, 25 windows), 512 (32x32, 9), 256 (16x16, 4), the default; "
-                        "also 384 (24x24, 4), 640 (40x40, 9), 768 (48x48, 16), 1280 (80x80, 36), outside the check")
+                        "also 384 (24x24, 4), 640 (40x40, 9), 768 (48x48, 16), 1280 (80x80, 36), outside the check, or "
+                        "any other multiple of 16")
     p.add_argument("--no-extras", action="store_true", help="skip the sweep OVERRIDES and padded head dim 80")
     p.add_argument("--jobs", type=int, default=None, help="compile threads (default: CPU count, at most 8)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--quiet", action="store_true", help="print failing launches and the summary only")
     args = p.parse_args(argv)
     start = time.time()
-    shapes = [s for s in SHAPES if s.model in args.model and s.batch in args.batch and s.px in args.px]
+    shapes = [SamShape(m, layer, px, b) for m in args.model for layer in ("global", "window") for px in args.px
+              for b in args.batch]
     rows = table(args.arch, args.mode, shapes, args.jobs)
     if not args.no_extras:
         rows += extras(args.jobs)

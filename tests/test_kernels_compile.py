@@ -96,3 +96,25 @@ def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
             "print(min(fit.build(l, a).ctas_per_sm for l in ls if l.kernel == 'bwd:dkdv'))")
     out = run_check("-c", code)
     assert int(out.strip().splitlines()[-1]) >= 2, out
+
+
+def test_any_image_size_names_its_grid_and_windows():
+    # cross_compile.py --px takes any multiple of 16 px: a px/16-wide global grid, that grid padded to whole 14x14
+    # windows (the fixed sizes' figures), and refuses a size SAM's 16-px patches cannot tile, naming it (in a process
+    # of its own: importing cross_compile unsets TRITON_INTERPRET)
+    code = """
+import cross_compile as cc
+for px, sw in cc.RESOLUTIONS.items():
+    assert cc.resolution(px) == sw, px
+assert cc.resolution(896) == (56, 16) and cc.resolution(16) == (1, 1)
+for bad in (900, 0, 8192):
+    try:
+        cc.resolution(bad)
+        raise AssertionError(bad)
+    except ValueError as e:
+        assert f"image size {bad}" in str(e), e
+s = cc.SamShape("H", "window", 896, 2).fit_shape()
+assert (s.b, s.n_q, s.d) == (2 * 16 * 16, 196, 80), s
+print("ok")
+"""
+    assert run_check("-c", code, cwd=Path(__file__).parent).strip().endswith("ok")
