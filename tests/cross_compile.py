@@ -47,8 +47,6 @@ MODES = {"bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest")
          "tf32": (torch.float32, "high"), "tf32x3": (torch.float32, "highest")}
 # model -> (heads, head dim)
 MODELS = {"B": (12, 64), "L": (16, 64), "H": (16, 80)}
-# image px -> (global key grid side, windows per image: the grid padded to whole 14x14 windows)
-RESOLUTIONS = {1024: (64, 25), 512: (32, 9), 256: (16, 4), 384: (24, 4), 640: (40, 9), 768: (48, 16), 1280: (80, 36)}
 # what the check covers unless --px says otherwise: SAM's 1024 px and the fine-tuning sizes; the other sizes compile
 # with spills and, above 1024 px (key grids over 64 wide), some launches do not fit (benchmarks/DECISIONS.md)
 SAM_PX = (1024, 512, 256)
@@ -57,7 +55,7 @@ BATCHES = (1, 8)
 
 def resolution(px: int) -> tuple[int, int]:
     """(global key grid side, windows per image) of a px-wide SAM image: 16-pixel patches, the grid padded to whole
-    14x14 windows (RESOLUTIONS' sizes and any other multiple of 16)."""
+    14x14 windows (any multiple of 16)."""
     if px % 16 or not 16 <= px <= 4096:
         raise ValueError(f"image size {px}: a multiple of 16 (SAM's patch) from 16 to 4096")
     side = px // 16
@@ -83,9 +81,6 @@ class SamShape:
             return fit.Shape(self.batch * heads, side * side, side, side, d, d, heads=heads)
         return fit.Shape(self.batch * windows * heads, 196, 14, 14, d, d, heads=heads)
 
-
-SHAPES = [SamShape(m, layer, px, b) for m in MODELS for layer in ("global", "window") for px in RESOLUTIONS
-          for b in BATCHES]
 
 # 16-bit launches that may spill, with the figure: (classes, kernel, head dim, key tile of dQ's blocks (the forward's
 # for "fwd"), most stack bytes per thread by Triton version (one not named: none may spill), why). fp16 takes bf16's

@@ -100,11 +100,12 @@ def test_fp32_dkdv_of_the_table_fits_two_ctas_per_sm():
 
 def test_any_image_size_names_its_grid_and_windows():
     # cross_compile.py --px takes any multiple of 16 px: a px/16-wide global grid, that grid padded to whole 14x14
-    # windows (the fixed sizes' figures), and refuses a size SAM's 16-px patches cannot tile, naming it (in a process
-    # of its own: importing cross_compile unsets TRITON_INTERPRET)
+    # windows (the figures of the sizes --help names), and refuses a size SAM's 16-px patches cannot tile, naming it
+    # (in a process of its own: importing cross_compile unsets TRITON_INTERPRET)
     code = """
 import cross_compile as cc
-for px, sw in cc.RESOLUTIONS.items():
+fixed = {1024: (64, 25), 512: (32, 9), 256: (16, 4), 384: (24, 4), 640: (40, 9), 768: (48, 16), 1280: (80, 36)}
+for px, sw in fixed.items():
     assert cc.resolution(px) == sw, px
 assert cc.resolution(896) == (56, 16) and cc.resolution(16) == (1, 1)
 for bad in (900, 0, 8192):
