@@ -127,6 +127,19 @@ class SamBlock(nn.Module):  # segment_anything's Block: norm, (windowed) attenti
         return x + self.mlp(self.norm2(x))
 
 
+def mvit_add_rel_pos(attn, q, Rh, Rw, q_size, k_size):
+    # timm mvitv2 cal_rel_pos_type after its table gather: rel-pos terms from einsums, the biased scores written back
+    # whole into attn[:, :, 0:, 0:]; q: [B, heads, Nq, D], Rh: [q_h, k_h, D], Rw: [q_w, k_w, D]
+    (q_h, q_w), (k_h, k_w) = q_size, k_size
+    B, heads = q.shape[:2]
+    r_q = q[:, :, 0:].reshape(B, heads, q_h, q_w, -1)
+    rel_h = torch.einsum("byhwc,hkc->byhwk", r_q, Rh)
+    rel_w = torch.einsum("byhwc,wkc->byhwk", r_q, Rw)
+    attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(B, -1, q_h, q_w, k_h, k_w)
+                          + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).view(B, -1, q_h * q_w, k_h * k_w)
+    return attn
+
+
 class MViTv2Attention(nn.Module):  # timm mvitv2: cal_rel_pos_type without a class token, q [B, heads, N, D]
     def __init__(self, dim, num_heads, grid):
         super().__init__()
@@ -143,12 +156,7 @@ class MViTv2Attention(nn.Module):  # timm mvitv2: cal_rel_pos_type without a cla
         dist_h = torch.arange(q_h)[:, None] - torch.arange(q_h)[None, :] + (q_h - 1)
         dist_w = torch.arange(q_w)[:, None] - torch.arange(q_w)[None, :] + (q_w - 1)
         Rh, Rw = self.rel_pos_h[dist_h.long()], self.rel_pos_w[dist_w.long()]
-        r_q = q[:, :, 0:].reshape(B, self.num_heads, q_h, q_w, -1)
-        rel_h = torch.einsum("byhwc,hkc->byhwk", r_q, Rh)
-        rel_w = torch.einsum("byhwc,wkc->byhwk", r_q, Rw)
-        attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(B, -1, q_h, q_w, q_h, q_w)
-                              + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).view(B, -1, q_h * q_w, q_h * q_w)
-        attn = attn.softmax(dim=-1)
+        attn = mvit_add_rel_pos(attn, q, Rh, Rw, (q_h, q_w), (q_h, q_w)).softmax(dim=-1)
         return self.proj((attn @ v).transpose(1, 2).reshape(B, N, -1))
 
 
@@ -185,11 +193,7 @@ class MViTv2PooledAttention(nn.Module):  # timm mvitv2 MultiScaleAttention: pool
         q_w_ratio, k_w_ratio = max(k_w / q_w, 1.0), max(q_w / k_w, 1.0)
         dist_w = torch.arange(q_w)[:, None] * q_w_ratio - torch.arange(k_w)[None, :] * k_w_ratio + (k_w - 1) * k_w_ratio
         Rh, Rw = self.rel_pos_h[dist_h.long()], self.rel_pos_w[dist_w.long()]
-        r_q = q[:, :, 0:].reshape(B, self.num_heads, q_h, q_w, -1)
-        rel_h = torch.einsum("byhwc,hkc->byhwk", r_q, Rh)
-        rel_w = torch.einsum("byhwc,wkc->byhwk", r_q, Rw)
-        attn[:, :, 0:, 0:] = (attn[:, :, 0:, 0:].view(B, -1, q_h, q_w, k_h, k_w)
-                              + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).view(B, -1, q_h * q_w, k_h * k_w)
+        attn = mvit_add_rel_pos(attn, q, Rh, Rw, (q_h, q_w), (k_h, k_w))
         x = attn.softmax(dim=-1) @ v + q  # residual pooling
         return self.proj(x.transpose(1, 2).reshape(B, q_h * q_w, -1))
 
