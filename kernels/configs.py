@@ -216,6 +216,16 @@ TABLE = [
     ("dq", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
                 min_rows=ROWS_TINY_16BIT, max_rows=ROWS_SMALL_16BIT), dict(num_stages=1),
      "the fused launch's stages (row above: 98.3 -> 89.7 us)"),
+    # ---- ViT-H's 512 px global layer (32x32 grid, D=80) at batch 1 on sm_90 / sm_100: one-row (32-key) forward and
+    # dQ tiles, 16-query dK/dV steps, as the mma.sync classes' rows below (at batch 8 the 32-key forward lost 1.3%)
+    ("fwd", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32,
+                 max_rows=ROWS_SMALL_16BIT), dict(BLOCK_N=32),
+     "bf16 ViT-H 512 px global fwd + bwd, batch 1, H100: 0.161 -> 0.151 ms with the two rows below"),
+    ("dq", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32,
+                max_rows=ROWS_SMALL_16BIT), dict(BLOCK_N=32), "the fused launch's dQ, 64 x 32 (row above's figure)"),
+    ("dkdv", dict(fp32=False, min_cc=90, max_cc=119, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32,
+                  max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=16),
+     "the fused launch's dK/dV, 16 x 64 (row above's figure)"),
     # ---- grids over 64 wide (SAM above 1024 px: 80x80 at 1280), one 128-key tile a grid row: at D=80 the rows above
     # spill on sm_90 (dQ 320 B, dK/dV 248 B); SPLIT_ROW at 2 stages and 16-query dK/dV steps spill 88 B / none
     # (benchmarks/DECISIONS.md, "Image sizes outside the check"; D=64's spill-free 32-query dQ on 8 warps: a loss)
@@ -283,6 +293,20 @@ TABLE = [
      "bf16 ViT-H fused windows backward, sm_86 / sm_120, 1 stage: no spill; H200 0.130 -> 0.126 ms"),
     ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW,
                   max_rows=ROWS_SMALL_16BIT), dict(num_stages=1), "the fused launch's stages (row above: 27 KB)"),
+    # ViT-H's 512 px global layer (32x32 grids, where it was timed) on mma.sync GPUs: 32-key (one grid row) forward
+    # and dQ tiles at sm_90's 3 stages, 64-query dQ blocks; no spill with Tritons 3.6-3.9, faster than sm_90's rows
+    ("dq", dict(fp32=False, max_smem=SMEM_163KB, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32,
+                max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=64, num_stages=3),
+     "bf16 ViT-H 512 px fwd + bwd, H100: sm_80's rows 0.244 -> 0.150 ms, sm_86's 0.250 -> 0.152 (sm_90's 0.159)"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_163KB, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32,
+                  max_rows=ROWS_SMALL_16BIT), dict(num_stages=3),
+     "the fused launch's stages (row above: 42 KB, 2 CTAs)"),
+    ("fwd", dict(fp32=False, max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32),
+     dict(BLOCK_N=32, num_stages=3), "bf16 ViT-H 512 px fwd on sm_86 / sm_120, 64 x 32, 3 stages: no spill (16 B)"),
+    # ... its 1024 px dK/dV on sm_120 at 3 stages, as sm_86 / sm_89 have them: no spill with 3.6-3.9, 33 KB
+    ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, min_cc=120, min_d=D_64 + 1, min_wk=WK_32 + 1, max_wk=WK_64,
+                  min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=3),
+     "bf16 ViT-H global fwd + bwd, sm_120's rows on the H100: 1.946 -> 1.682 ms (sm_90's 1.169)"),
     # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids, 16-query dK/dV steps, split backward launches
     ("fwd", dict(fp32=True, max_smem=SMEM_99KB), dict(num_stages=2),
      "fp32 high SAM-B global fwd on sm_86: 48 KB at 2 stages, 2 CTAs per SM; 'highest' D=80 80 KB"),

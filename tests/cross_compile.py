@@ -91,9 +91,7 @@ ALLOWED_SPILLS: list[tuple[tuple[str, ...], str, int, int, dict[str, int], str]]
      "ViT-H global dQ on sm_120, SPLIT_ROW 64 / 4 warps (plain: 152-272 B)"),
     (("sm_90",), "bwd:both", 80, 32, {"3.6": 48, "3.7": 8, "3.8": 8},
      "ViT-H 256 px global at batch 1 on sm_90 (the spill-free rows of more rows: 1.26x slower there)"),
-    (("sm_100",), "bwd:both", 80, 64, {"3.7": 32}, "sm_90's rows on sm_100, ViT-H 512 px global"),
     (("sm_100",), "bwd:dq", 80, 64, {"3.6": 8, "3.7": 32}, "ViT-H 512 px global dQ on sm_100, batch 8 (bf16 and fp16)"),
-    (("sm_120",), "fwd", 80, 64, {"3.7": 16, "3.8": 16, "3.9": 16}, "ViT-H 512 px global forward on sm_120"),
     (("sm_120",), "bwd:dkdv", 80, 32, {"3.7": 16, "3.8": 16, "3.9": 16}, "ViT-H windows dK/dV on sm_120"),
     (("sm_80",), "bwd:dq", 80, 64, {"3.7": 8}, "ViT-H global dQ on sm_80, SPLIT_ROW"),
 ]

@@ -446,7 +446,7 @@ def test_fused_backward_rows_agree_on_warps_and_stages(fp32, prec):
 
 
 # SAM's shape classes as the GPU table configures them: (batch, grid hk x wk run here, head dim, mode, rows the
-# GPU launch has = batch * heads * queries). 14x14: the windows of ViT-B/L (12 / 16 heads, D=64) and ViT-H (16
+# GPU launch has = batch * heads * queries[, GPU class: sm_90 where not named]). 14x14: the windows of ViT-B/L (12 / 16 heads, D=64) and ViT-H (16
 # heads, D=80), 25 windows at batch 1; 64 wide: the global blocks' class, here on 2 of the 64 grid rows (the
 # interpreter's cost grows with N^2)
 SAM_CLASSES = [
@@ -458,18 +458,22 @@ SAM_CLASSES = [
     (1, 2, 64, 64, "bf16", 16 * 4096),
     (1, 2, 64, 80, "bf16", 16 * 4096),
     (1, 2, 64, 80, "fp32-high", 16 * 4096),
+    # ViT-H's 512 px global layer (32 wide, batch 1: one fused backward launch), Hopper's rows and a 99 KB class's
+    (1, 3, 32, 80, "bf16", 16 * 1024),
+    (1, 3, 32, 80, "bf16", 16 * 1024, "sm_86"),
 ]
 
 
-@pytest.mark.parametrize("b,hk,wk,d,mode,rows", SAM_CLASSES)
-def test_gpu_rows_at_sam_shapes(b, hk, wk, d, mode, rows, monkeypatch, matmul_precision):
+@pytest.mark.parametrize("b,hk,wk,d,mode,rows,on", [c if len(c) == 7 else (*c, "sm_90") for c in SAM_CLASSES])
+def test_gpu_rows_at_sam_shapes(b, hk, wk, d, mode, rows, on, monkeypatch, matmul_precision):
     # the blocks, key tiles and switches (BLOCK_N=16 at D=80, RH_SELECT, BIAS_T, FUSED, ...) that the GPU's rows
-    # choose at SAM's shapes are right too, not only the interpreter's small blocks: each kernel's GPU config,
-    # forced through OVERRIDES
+    # choose at SAM's shapes are right too, not only the interpreter's small blocks: each kernel's GPU config on
+    # the class `on`, forced through OVERRIDES
     dtype, prec, tol = MODES[mode]
     matmul_precision(prec)
+    target = arch.ARCHS[on]
     facts = dict(fp32=dtype == torch.float32, prec=K._dot_precision(dtype), wide=False, wk=wk, rows=rows,
-                 interpret=False, d=d)
+                 interpret=False, d=d, smem=target.smem, cc=target.capability)
     gpu = {kern: K.configs.config(kern, **facts) for kern in ("fwd", "dkdv", "dq", "bwd")}
     monkeypatch.setattr(K.configs, "OVERRIDES", gpu)
     for kern, cfg in gpu.items():  # what runs: the GPU config, and interpreter-row keys only at the kernels' default
@@ -527,7 +531,7 @@ def test_gpu_grids_over_64_wide(grid, d, mode, matmul_precision):
 
 # SAM: ViT-B/L (D=64) and ViT-H (D=80); 14x14 windows (batch*windows*heads large) and 64x64 global
 # (300 windows x heads: enough rows for the bf16 table's split backward on narrow grids)
-SAM = [(24, 14, 64), (24, 14, 80), (300, 14, 64), (12, 64, 64), (12, 64, 80)]
+SAM = [(24, 14, 64), (24, 14, 80), (300, 14, 64), (12, 64, 64), (12, 64, 80), (16, 32, 80)]
 
 
 @pytest.mark.gpu
