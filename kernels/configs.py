@@ -307,6 +307,17 @@ TABLE = [
     ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, min_cc=120, min_d=D_64 + 1, min_wk=WK_32 + 1, max_wk=WK_64,
                   min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=3),
      "bf16 ViT-H global fwd + bwd, sm_120's rows on the H100: 1.946 -> 1.682 ms (sm_90's 1.169)"),
+    # 384 px (24x24 grids) at batch 1, fused backward: the spill-free configs, no slower on the H100
+    ("dq", dict(fp32=False, max_smem=SMEM_99KB, max_cc=89, max_d=D_64, min_wk=WK_NARROW + 1, max_wk=WK_32 - 1,
+                max_rows=ROWS_SMALL_16BIT), dict(num_stages=1),
+     "bf16 SAM-B 384 px fused bwd on sm_86, 1 stage: no spill (2: 16-32 B on 3.6); H100 0.078 ms either way"),
+    ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, max_cc=89, max_d=D_64, min_wk=WK_NARROW + 1, max_wk=WK_32 - 1,
+                  max_rows=ROWS_SMALL_16BIT), dict(num_stages=1), "the fused launch's stages (row above: 28 KB)"),
+    ("dq", dict(fp32=False, min_cc=100, max_cc=119, min_wk=WK_NARROW + 1, max_wk=WK_32 - 1), dict(BLOCK_N=32),
+     "bf16 384 px dQ on sm_100, 64 x 32: no spill (8-104 B); H100 ViT-H 0.086 -> 0.084 ms, batch 8 0.317 -> 0.305"),
+    ("dkdv", dict(fp32=False, min_cc=100, max_cc=119, min_d=D_64 + 1, min_wk=WK_NARROW + 1, max_wk=WK_32 - 1,
+                  max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=32),
+     "ViT-H 384 px fused bwd on sm_100, 32-query dK/dV steps: no spill, 77-95 KB (row above's figures)"),
     # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids, 16-query dK/dV steps, split backward launches
     ("fwd", dict(fp32=True, max_smem=SMEM_99KB), dict(num_stages=2),
      "fp32 high SAM-B global fwd on sm_86: 48 KB at 2 stages, 2 CTAs per SM; 'highest' D=80 80 KB"),
