@@ -302,7 +302,8 @@ TABLE = [
                   max_rows=ROWS_SMALL_16BIT), dict(num_stages=3),
      "the fused launch's stages (row above: 42 KB, 2 CTAs)"),
     ("fwd", dict(fp32=False, max_smem=SMEM_99KB, min_d=D_64 + 1, min_wk=WK_32, max_wk=WK_32),
-     dict(BLOCK_N=32, num_stages=3), "bf16 ViT-H 512 px fwd on sm_86 / sm_120, 64 x 32, 3 stages: no spill (16 B)"),
+     dict(BLOCK_N=32, num_stages=3),
+     "bf16 ViT-H 512 px fwd on sm_86 / sm_120, 64 x 32, 3 stages: no spill (sm_120's 64 x 64: 16 B)"),
     # ... its 1024 px dK/dV on sm_120 at 3 stages, as sm_86 / sm_89 have them: no spill with 3.6-3.9, 33 KB
     ("dkdv", dict(fp32=False, max_smem=SMEM_99KB, min_cc=120, min_d=D_64 + 1, min_wk=WK_32 + 1, max_wk=WK_64,
                   min_rows=ROWS_SMALL_16BIT + 1), dict(num_stages=3),

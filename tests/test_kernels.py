@@ -446,9 +446,9 @@ def test_fused_backward_rows_agree_on_warps_and_stages(fp32, prec):
 
 
 # SAM's shape classes as the GPU table configures them: (batch, grid hk x wk run here, head dim, mode, rows the
-# GPU launch has = batch * heads * queries[, GPU class: sm_90 where not named]). 14x14: the windows of ViT-B/L (12 / 16 heads, D=64) and ViT-H (16
-# heads, D=80), 25 windows at batch 1; 64 wide: the global blocks' class, here on 2 of the 64 grid rows (the
-# interpreter's cost grows with N^2)
+# GPU launch has = batch * heads * queries[, the GPU class, sm_90 where not named]). 14x14: the windows of ViT-B/L
+# (12 / 16 heads, D=64) and ViT-H (16 heads, D=80), 25 windows at batch 1; 64 wide: the global blocks' class, here on
+# 2 of the 64 grid rows (the interpreter's cost grows with N^2)
 SAM_CLASSES = [
     (2, 14, 14, 64, "bf16", 25 * 12 * 196),
     (2, 14, 14, 64, "fp32-high", 25 * 12 * 196),
@@ -529,8 +529,8 @@ def test_gpu_grids_over_64_wide(grid, d, mode, matmul_precision):
     run_and_check(*make_inputs(12, grid * grid, grid, grid, d, d, dtype, seed=grid + d), tol)
 
 
-# SAM: ViT-B/L (D=64) and ViT-H (D=80); 14x14 windows (batch*windows*heads large) and 64x64 global
-# (300 windows x heads: enough rows for the bf16 table's split backward on narrow grids)
+# SAM: ViT-B/L (D=64) and ViT-H (D=80); 14x14 windows (batch*windows*heads large), 64x64 global and ViT-H's 32x32
+# global at 512 px (300 windows x heads: enough rows for the bf16 table's split backward on narrow grids)
 SAM = [(24, 14, 64), (24, 14, 80), (300, 14, 64), (12, 64, 64), (12, 64, 80), (16, 32, 80)]
 
 
