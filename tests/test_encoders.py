@@ -175,6 +175,12 @@ class MViTv2PooledAttention(nn.Module):  # timm mvitv2 MultiScaleAttention: pool
         self.rel_pos_h = nn.Parameter(torch.randn(2 * max(q_size[0], kv_size[0]) - 1, hd) * 0.5)
         self.rel_pos_w = nn.Parameter(torch.randn(2 * max(q_size[1], kv_size[1]) - 1, hd) * 0.5)
 
+    @staticmethod
+    def _dist(q_n, k_n):  # cal_rel_pos_type's table rows: distances scaled up where the q and k grids differ
+        q_ratio, k_ratio = max(k_n / q_n, 1.0), max(q_n / k_n, 1.0)
+        dist = torch.arange(q_n)[:, None] * q_ratio - torch.arange(k_n)[None, :] * k_ratio + (k_n - 1) * k_ratio
+        return dist.long()
+
     def _pool(self, x, pool):  # x: [B, heads, N, hd] on grid -> pooled, with its grid
         B, heads, _, hd = x.shape
         x = pool(x.reshape(B * heads, *self.grid, hd).permute(0, 3, 1, 2))
@@ -187,12 +193,7 @@ class MViTv2PooledAttention(nn.Module):  # timm mvitv2 MultiScaleAttention: pool
         (q, (q_h, q_w)), (k, (k_h, k_w)) = self._pool(q, self.pool_q), self._pool(k, self.pool_k)
         v, _ = self._pool(v, self.pool_v)
         attn = (q * self.scale) @ k.transpose(-2, -1)
-        # cal_rel_pos_type: distances scaled up where the q and k grids differ
-        q_h_ratio, k_h_ratio = max(k_h / q_h, 1.0), max(q_h / k_h, 1.0)
-        dist_h = torch.arange(q_h)[:, None] * q_h_ratio - torch.arange(k_h)[None, :] * k_h_ratio + (k_h - 1) * k_h_ratio
-        q_w_ratio, k_w_ratio = max(k_w / q_w, 1.0), max(q_w / k_w, 1.0)
-        dist_w = torch.arange(q_w)[:, None] * q_w_ratio - torch.arange(k_w)[None, :] * k_w_ratio + (k_w - 1) * k_w_ratio
-        Rh, Rw = self.rel_pos_h[dist_h.long()], self.rel_pos_w[dist_w.long()]
+        Rh, Rw = self.rel_pos_h[self._dist(q_h, k_h)], self.rel_pos_w[self._dist(q_w, k_w)]
         attn = mvit_add_rel_pos(attn, q, Rh, Rw, (q_h, q_w), (k_h, k_w))
         x = attn.softmax(dim=-1) @ v + q  # residual pooling
         return self.proj(x.transpose(1, 2).reshape(B, q_h * q_w, -1))
