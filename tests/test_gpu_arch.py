@@ -23,9 +23,10 @@ pytestmark = pytest.mark.gpu
 
 # (batch * heads run, key-grid side, head dim): ViT-B windows at a 512 px image (9 x 12) and at 1024 px (25 x 12: the
 # split backward of many rows), ViT-H windows at 512 px (9 x 16: one fused launch) and 1024 px (25 x 16), ViT-B and
-# ViT-H global layers at batch 1, ViT-H's at 512 px (one fused launch) and ViT-B's at 256 px (one fused fp32 launch)
+# ViT-H global layers at batch 1, ViT-H's at 512 px (one fused launch at batch 1, split at batch 8) and ViT-B's at
+# 256 px (one fused fp32 launch)
 SAM = [(108, 14, 64), (300, 14, 64), (144, 14, 80), (400, 14, 80), (12, 64, 64), (16, 64, 80), (16, 32, 80),
-       (12, 16, 64)]
+       (128, 32, 80), (12, 16, 64)]
 
 
 @pytest.fixture(autouse=True)
