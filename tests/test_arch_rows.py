@@ -193,3 +193,25 @@ def test_time_arch_rows_names_any_sam_layer():
     for bad in ("X-global-640", "B-global-650", "B-global-640-b0", "B-window-640"):
         with pytest.raises(ValueError, match="MODEL-LAYER-PX"):
             t.shape_spec(bad)
+
+
+
+def test_time_arch_rows_times_candidate_rows_once_per_shape():
+    # a candidate's timing is shared by classes with the same launches at one shape (sm_89 takes sm_86's), never
+    # across shapes: batch 1 and batch 8 of a layer make the same launches (a launch does not carry the batch)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[1] / "benchmarks" / "tools"
+    code = (f"import sys; sys.path[:0] = [{str(tools.parent)!r}, {str(tools)!r}]; import time_arch_rows as t\n"
+            "rows = [('dq', dict(prec='tf32', max_smem=101376, min_wk=17), dict(BLOCK_M=32, num_stages=2), 'a, 2')]\n"
+            "cells = t.plan(['sm_86', 'sm_89'], ['H-global-512', 'H-global-512-b8'], ['tf32'], None, rows)\n"
+            "print({(c['arch'], c['shape']): c['rows_key'] for c in cells if c['rows_key'] is not None})")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = eval(proc.stdout)  # the dict printed above
+    assert keys[("sm_86", "H-global-512")] == keys[("sm_89", "H-global-512")]
+    assert keys[("sm_86", "H-global-512")] != keys[("sm_86", "H-global-512-b8")]
