@@ -135,6 +135,7 @@ def test_vit_h_global_dq_splits_rows_on_mma_sync_classes(name):
 def _time_arch_rows(*args: str):
     """benchmarks/tools/time_arch_rows.py in a process of its own, without TRITON_INTERPRET (the GPU table's configs,
     not the interpreter's) or SAMHQ_FX_ARCH (the tool sets it per cell)."""
+    import ast
     import os
     import subprocess
     import sys
@@ -195,10 +196,10 @@ def test_time_arch_rows_names_any_sam_layer():
             t.shape_spec(bad)
 
 
-
 def test_time_arch_rows_times_candidate_rows_once_per_shape():
     # a candidate's timing is shared by classes with the same launches at one shape (sm_89 takes sm_86's), never
     # across shapes: batch 1 and batch 8 of a layer make the same launches (a launch does not carry the batch)
+    import ast
     import os
     import subprocess
     import sys
@@ -212,6 +213,6 @@ def test_time_arch_rows_times_candidate_rows_once_per_shape():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    keys = eval(proc.stdout)  # the dict printed above
+    keys = ast.literal_eval(proc.stdout)
     assert keys[("sm_86", "H-global-512")] == keys[("sm_89", "H-global-512")]
     assert keys[("sm_86", "H-global-512")] != keys[("sm_86", "H-global-512-b8")]
