@@ -188,9 +188,6 @@ TABLE = [
      "fp32 'high' D=80 global dQ: 200 KB, 1 CTA per SM as D=64 has at 3 stages; 3 stages: 260 KB, over 227"),
     ("dq", dict(prec="tf32x3", min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(BLOCK_M=64, num_warps=4),
      "fp32 'highest' D=80 global dQ: 172 KB; 128 queries / 8 warps at 2 stages: 252 KB, over 227"),
-    # 3-pass dQ on sm_90's 64-wide grids: 64 queries at 1 stage beat 2 stages (and SAM-B's 128 queries / 8 warps)
-    ("dq", dict(prec="tf32x3", min_cc=90, max_cc=90, min_wk=WK_32 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
-     "3-pass global dQ on sm_90, 64 x 64 / 1 stage; H100 SAM-B 5.517 -> 5.256 ms, ViT-H 13.917 -> 12.341"),
     ("dkdv", dict(fp32=True, min_d=D_64 + 1), dict(BLOCK_M=16),
      "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM (84 KB) as D=64 has at 32; 32: 1 CTA (128 KB)"),
     ("dkdv", dict(prec="tf32", min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=3),
