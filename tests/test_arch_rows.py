@@ -10,7 +10,12 @@ class.
 
 from __future__ import annotations
 
+import ast
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +23,7 @@ import torch
 from test_kernels import K, MODES, make_inputs, run_and_check
 
 arch, configs = K.arch, K.configs
+TOOLS = Path(__file__).resolve().parents[1] / "benchmarks" / "tools"  # time_arch_rows.py's folder
 KERNELS = ("fwd", "dkdv", "dq", "bwd")
 
 # SAM's shape classes as the GPU table sees them: (batch, grid hk x wk run here, head dim, mode, rows the GPU launch
@@ -132,18 +138,16 @@ def test_vit_h_global_dq_splits_rows_on_mma_sync_classes(name):
     assert K.tiles.tile(64, 64, cfg["BLOCK_N"]) == (64, 1)
 
 
-def _time_arch_rows(*args: str):
-    """benchmarks/tools/time_arch_rows.py in a process of its own, without TRITON_INTERPRET (the GPU table's configs,
-    not the interpreter's) or SAMHQ_FX_ARCH (the tool sets it per cell)."""
-    import ast
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    tool = Path(__file__).resolve().parents[1] / "benchmarks" / "tools" / "time_arch_rows.py"
+def _gpu_table_python(*args: str):
+    """python *args in a process of its own, without TRITON_INTERPRET (the GPU table's configs, not the
+    interpreter's) or SAMHQ_FX_ARCH (time_arch_rows.py sets it per cell)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
-    return subprocess.run([sys.executable, str(tool), *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _time_arch_rows(*args: str):
+    """benchmarks/tools/time_arch_rows.py, run by _gpu_table_python."""
+    return _gpu_table_python(str(TOOLS / "time_arch_rows.py"), *args)
 
 
 def test_time_arch_rows_dry_run_lists_what_it_would_time():
@@ -179,11 +183,8 @@ def test_time_arch_rows_dry_run_marks_the_cells_candidate_rows_change(tmp_path):
 def test_time_arch_rows_names_any_sam_layer():
     # MODEL-LAYER-PX[-bBATCH]: the global grid is px / 16 wide, the windows that grid padded to whole 14x14 windows;
     # SAM's 1024 px names agree with the fixed ones, and a name that says nothing real is refused with the format
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "tools"))
+    sys.path.insert(0, str(TOOLS.parent))
+    sys.path.insert(0, str(TOOLS))
     import time_arch_rows as t
 
     assert t.shape_spec("B-global-1024") == t.SHAPES["B-global"] == (12, 64, 64)
@@ -199,19 +200,11 @@ def test_time_arch_rows_names_any_sam_layer():
 def test_time_arch_rows_times_candidate_rows_once_per_shape():
     # a candidate's timing is shared by classes with the same launches at one shape (sm_89 takes sm_86's), never
     # across shapes: batch 1 and batch 8 of a layer make the same launches (a launch does not carry the batch)
-    import ast
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    tools = Path(__file__).resolve().parents[1] / "benchmarks" / "tools"
-    code = (f"import sys; sys.path[:0] = [{str(tools.parent)!r}, {str(tools)!r}]; import time_arch_rows as t\n"
+    code = (f"import sys; sys.path[:0] = [{str(TOOLS.parent)!r}, {str(TOOLS)!r}]; import time_arch_rows as t\n"
             "rows = [('dq', dict(prec='tf32', max_smem=101376, min_wk=17), dict(BLOCK_M=32, num_stages=2), 'a, 2')]\n"
             "cells = t.plan(['sm_86', 'sm_89'], ['H-global-512', 'H-global-512-b8'], ['tf32'], None, rows)\n"
             "print({(c['arch'], c['shape']): c['rows_key'] for c in cells if c['rows_key'] is not None})")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SAMHQ_FX_ARCH")}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    proc = _gpu_table_python("-c", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     keys = ast.literal_eval(proc.stdout)
     assert keys[("sm_86", "H-global-512")] == keys[("sm_89", "H-global-512")]
