@@ -319,7 +319,8 @@ TABLE = [
     ("dkdv", dict(fp32=False, min_cc=100, max_cc=119, min_d=D_64 + 1, min_wk=WK_NARROW + 1, max_wk=WK_32 - 1,
                   max_rows=ROWS_SMALL_16BIT), dict(BLOCK_M=32),
      "ViT-H 384 px fused bwd on sm_100, 32-query dK/dV steps: no spill, 77-95 KB (row above's figures)"),
-    # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids, 16-query dK/dV steps, split backward launches
+    # fp32 on 99 KB: 2 stages, 32-query dQ blocks on wide grids (64 at 1 stage for TF32, and for 3-pass on 64-wide
+    # grids), 16-query dK/dV steps, split backward launches
     ("fwd", dict(fp32=True, max_smem=SMEM_99KB), dict(num_stages=2),
      "fp32 high SAM-B global fwd on sm_86: 48 KB at 2 stages, 2 CTAs per SM; 'highest' D=80 80 KB"),
     ("dq", dict(fp32=True, max_smem=SMEM_99KB), dict(BLOCK_M=32, num_warps=4, num_stages=2),

@@ -155,9 +155,10 @@ def plan(archs: list[str], shapes: list[str], modes: list[str], real: arch.Arch 
                         changed = tuple(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape)))
                     if changed != launches:
                         why = _misfit(changed, real)
+                        # rows_key: sm_89 takes sm_86's launches with the rows too (timed once); the shape is in it,
+                        # as launches do not carry the batch
                         cell.update(rows_configs=_described(changed), rows_action="skip: " + why if why else "time",
-                                    rows_key=hash((shape, mode, changed)))  # sm_89 takes sm_86's launches with the rows
-                        # too: timed once; the shape in the key, as launches do not carry the batch
+                                    rows_key=hash((shape, mode, changed)))
                 if launches in seen:
                     cell.update(action="same", same_as=seen[launches], why=f"{seen[launches]}'s launches")
                     if name not in archs:
