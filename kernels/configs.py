@@ -192,6 +192,12 @@ TABLE = [
      "fp32 'high' D=80 dK/dV, 16-query steps: 2 CTAs per SM (84 KB) as D=64 has at 32; 32: 1 CTA (128 KB)"),
     ("dkdv", dict(prec="tf32", min_d=D_64 + 1, min_wk=WK_NARROW + 1), dict(num_stages=3),
      "fp32 high D=80 global bwd 3170 -> 2622 us, 16-query dK/dV at 2 -> 3 stages (108 KB, 2 CTAs per SM)"),
+    # sm_90 on grids over 32 wide: 3-pass 64-query dQ (SAM-B's were 128 / 8 warps) and ViT-H's dK/dV at 1 stage
+    # (H100, same process, 640 / 768 px: SAM-B 1.05x faster, ViT-H 1.22-1.29x); clean under compute-sanitizer memcheck
+    ("dq", dict(prec="tf32x3", min_cc=90, max_cc=90, min_wk=WK_32 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
+     "3-pass global dQ on sm_90, 64 x 64 / 1 stage; H100 SAM-B 5.511 -> 5.245 ms, ViT-H 14.001 -> 12.417"),
+    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_32 + 1), dict(num_stages=1),
+     "3-pass ViT-H global dK/dV on sm_90, 16 x 64 / 1 stage, with the row above: H100 14.002 -> 10.071 ms"),
     # the one fp32 launch on 9- to 16-wide grids holds dQ's 64 x 64 tiles and dK/dV's at once: 253 KB at 3 stages
     # ('high'; 264 KB 'highest'), over the 227 KB a CTA may have (OutOfResources on the H200 at 24 x 14x14)
     ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),

@@ -461,12 +461,13 @@ SAM_CLASSES = [
     # ViT-H's 512 px global layer (32 wide, batch 1: one fused backward launch), Hopper's rows and a 99 KB class's
     (1, 3, 32, 80, "bf16", 16 * 1024),
     (1, 3, 32, 80, "bf16", 16 * 1024, "sm_86"),
-    # TF32 and 3-pass global dQ on the 99 KB classes: 64-query blocks of one or two grid rows; sm_90's 3-pass rows
+    # TF32 and 3-pass global dQ on the 99 KB classes (3-pass: sm_90's too): 64-query blocks of one or two grid rows
     (1, 2, 64, 64, "fp32-high", 12 * 4096, "sm_86"),
     (1, 2, 64, 80, "fp32-high", 16 * 4096, "sm_86"),
     (1, 3, 32, 80, "fp32-high", 16 * 1024, "sm_86"),
     (1, 2, 64, 80, "fp32-highest", 16 * 4096, "sm_86"),
     (1, 2, 64, 64, "fp32-highest", 12 * 4096),
+    (1, 2, 64, 80, "fp32-highest", 16 * 4096),  # and sm_90's ViT-H 3-pass dK/dV at 1 stage
 ]
 
 
