@@ -150,6 +150,24 @@ def _time_arch_rows(*args: str):
     return _gpu_table_python(str(TOOLS / "time_arch_rows.py"), *args)
 
 
+def test_memcheck_rows_checks_candidate_rows_before_it_runs(tmp_path):
+    # benchmarks/tools/memcheck_rows.py refuses rows the table's check refuses (a reason without a figure) on any
+    # machine, before it looks for a GPU
+    rows = tmp_path / "cand.py"
+    rows.write_text('ROWS = [("dq", dict(fp32=False), dict(num_stages=1), "no figure")]\n')
+    proc = _gpu_table_python(str(TOOLS / "memcheck_rows.py"), "--shape", "B-global", "--rows", str(rows))
+    assert proc.returncode != 0 and "figure" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_memcheck_rows_runs_a_cell_on_the_gpu(tmp_path):
+    # what compute-sanitizer wraps: one cell's forward + backward under an emulated class's rows, finite gradients
+    proc = _gpu_table_python(str(TOOLS / "memcheck_rows.py"), "--arch", "sm_86", "--shape", "H-global-256",
+                             "--mode", "bf16", "tf32x3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.count("gradients finite: True") == 2, proc.stdout[-2000:]
+
+
 def test_time_arch_rows_dry_run_lists_what_it_would_time():
     # benchmarks/tools/time_arch_rows.py without a GPU: each class's cells, the ones whose launches an earlier class
     # has marked "same" (sm_89 takes sm_86's), and what it would time with the GPU table's configs, not the

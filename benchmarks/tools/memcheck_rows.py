@@ -1,0 +1,72 @@
+"""Each cell's fused forward + backward once, for compute-sanitizer: a config row's build checked for memory faults.
+
+Triton lays out shared memory itself, and a build can read out of bounds where its results still look right (a
+1-stage forward did on the H100: benchmarks/DECISIONS.md, "A fault"). So a row that brings a launch the table had not
+run (a stage count, a block shape) runs under memcheck before it is timed or taken:
+
+    compute-sanitizer --tool memcheck python benchmarks/tools/memcheck_rows.py --arch sm_90 --mode tf32x3 \\
+        --shape B-global H-global-1280 --rows cand.py
+
+Cells as time_arch_rows.py names them (--arch emulates that class's configs on the GPU at hand, SAMHQ_FX_ARCH;
+--shape SHAPES names or MODEL-LAYER-PX[-bBATCH]; --mode bf16 / tf32 / tf32x3), with --rows' candidate rows after the
+table's. Each cell prints its launches, then "done" and whether every gradient is finite; the sanitizer's
+"ERROR SUMMARY" closes the run. Set PYTORCH_NO_CUDA_MEMORY_CACHING=1 too, so that a global read past a tensor falls
+outside the caching allocator's blocks and memcheck sees it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: bench_attention_core
+from time_arch_rows import MODES, _described, _shape_arg, load_rows, shape_of, shape_spec, table_with  # noqa: E402
+
+from bench_attention_core import make  # noqa: E402
+from samhq_fx.kernels import arch, fit  # noqa: E402
+from samhq_fx.kernels import rel_pos_attention as K  # noqa: E402
+
+
+def run_cell(name: str, shape: str, mode: str) -> bool:
+    """Forward + backward of one cell under the table in use, synchronised after each; True if every gradient is
+    finite."""
+    os.environ["SAMHQ_FX_ARCH"] = name
+    dtype, prec = MODES[mode]
+    torch.set_float32_matmul_precision(prec)
+    b, side, d = shape_spec(shape)
+    print(f"{name} {shape} {mode}:", *_described(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape))),
+          sep="\n  ", flush=True)
+    q, k, v, rel_h, rel_w, dout = make(b, side, dtype, d=d)  # q: [b, side*side, d]
+    out, lse = K.forward(q, k, v, rel_h, rel_w, d ** -0.5)
+    torch.cuda.synchronize()
+    grads = K.backward(dout, q, k, v, rel_h, rel_w, out, lse, d ** -0.5)
+    torch.cuda.synchronize()
+    finite = all(bool(torch.isfinite(g).all()) for g in grads)
+    print(f"  done, gradients finite: {finite}", flush=True)
+    return finite
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", nargs="+", default=["sm_90"], choices=list(arch.ARCHS))
+    p.add_argument("--shape", nargs="+", required=True, type=_shape_arg, metavar="SHAPE",
+                   help="time_arch_rows.py's SHAPES names or MODEL-LAYER-PX[-bBATCH]")
+    p.add_argument("--mode", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--rows", help="a Python file whose ROWS (candidate table rows) go after the table's")
+    args = p.parse_args(argv)
+    rows = load_rows(args.rows) if args.rows else None  # checked as the table is, before anything runs
+    if not torch.cuda.is_available():
+        raise SystemExit("memcheck_rows.py runs the kernels: it needs a CUDA GPU")
+    with table_with(rows):
+        finite = [run_cell(*cell) for cell in itertools.product(args.arch, args.shape, args.mode)]
+    return 0 if all(finite) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
