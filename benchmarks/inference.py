@@ -8,7 +8,8 @@ sam_hq_config(full=False), recorded as model "tiny" at its own image size; rando
 times model.vision_encoder(pixel_values) -- the image embeddings, where all rel-pos attention and nearly all
 FLOPs are; --target model times model(pixel_values, input_boxes=one box per image, multimask_output=False).
 Precision: "tf32" = fp32 weights with torch.set_float32_matmul_precision("high"); "bf16" = the model and input
-cast to bfloat16 (inference keeps no fp32 master weights, so no autocast).
+cast to bfloat16 (inference keeps no fp32 master weights, so no autocast); "fp32" (only when named) = fp32 at
+PyTorch's default precision, "highest" (true fp32 GEMMs; samhq's kernels run 3-pass TF32 dots).
 Implementations (benchmarks/impls.py; each row's "recipe" says how it was built): eager-sdpa (HF's default
 class), eager-eager, inductor (default mode) and inductor-ro (mode="reduce-overhead", CUDA graphs) on the
 "sdpa" class, the same two on the "eager" class (inductor-eager, inductor-eager-ro), samhq-eager, samhq-sdpa,
@@ -78,10 +79,11 @@ import plot  # noqa: E402
 
 IMPLS = {n: i for n, i in impls.IMPLS.items() if not i.compiled_autograd and not i.options}  # no backward here
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
-DTYPES = ("tf32", "bf16")
+DTYPES = ("tf32", "bf16", "fp32")
+PRECISION = {"tf32": "high", "bf16": "high", "fp32": "highest"}  # torch's fp32 matmul precision per dtype
 TARGETS = ("encoder", "model")
 MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
-CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1}
+CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1, "fp32": 1e-2}
 PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forward-only compiles: guess, H200 host
 HARNESS = "inference"  # its rows: benchmarks/results/inference.jsonl
 
@@ -120,7 +122,7 @@ def run_cell(key: tuple, args, device, keep: dict | None = None) -> dict:
         common.reset_compile_state()
     else:
         counters["samhq"].clear()
-    common.set_precision("high")
+    common.set_precision(PRECISION[dtype])
     model = fn = skips = None
     breaks0 = sum(counters["graph_break"].values())
     base = torch.cuda.memory_allocated(device) if cuda else 0  # the cells kept alive before this one
@@ -261,7 +263,7 @@ def parse_args(argv=None):
                     help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
                          "(the uncompiled eager baselines stay); default both")
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
-    ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
+    ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16,fp32 (default tf32,bf16)")
     ap.add_argument("--iters", type=int, default=20, help="timed calls per cell")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up calls per cell, the first (compiling) one included")
     common.add_run_args(ap, HARNESS, resume=False, profile="the GPU-busy profile", chart="inference.png")

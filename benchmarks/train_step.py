@@ -34,7 +34,8 @@ class, either mode) is measured in the same run as samhq; the summaries hold sam
 mode by mode).  --modes default / --modes reduce-overhead (or ro) keeps only the compiled impls of that mode (the
 eager baselines, the loss check's reference, stay): half the compiles.
 Precision: "tf32" = fp32 with torch.set_float32_matmul_precision("high"); "bf16" = the same plus
-torch.autocast(bfloat16) around the forward.  Every compile is dynamic=False, fresh per cell.
+torch.autocast(bfloat16) around the forward; "fp32" (only when named) = fp32 at PyTorch's default precision,
+"highest" (true fp32 GEMMs; samhq's kernels run 3-pass TF32 dots).  Every compile is dynamic=False, fresh per cell.
 
 Every row records its "model" and "img"; rows of different models or image sizes are never compared (summaries,
 loss check and merge keys include both), and rows without them are read as "vit-b" at 1024.
@@ -112,14 +113,15 @@ DEFAULT_IMPLS = tuple(n for n, i in IMPLS.items() if not i.compiled_autograd and
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
 OPTIMIZERS = ("adamw-fused", "adamw-compiled", "none")
 LR = 1e-6
-DTYPES = ("tf32", "bf16")
+DTYPES = ("tf32", "bf16", "fp32")
+PRECISION = {"tf32": "high", "bf16": "high", "fp32": "highest"}  # torch's fp32 matmul precision per dtype
 MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
 MODEL_LAYERS = {"vit-b": 12, "vit-l": 24, "vit-h": 32}
 # Tiny model for the CPU smoke test: 8x8 patch grid, window 2, one global layer.
 QUICK_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=4,
                     window_size=2, global_attn_indexes=(1,), output_channels=16)
 ATTN_PATTERN = r"flash|fmha|attention|attn|softmax|sdpa|rel_pos|samhq|flex"
-LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1}  # relative, vs eager: catches wrong math, not rounding
+LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1, "fp32": 1e-2}  # relative, vs eager: catches wrong math, not rounding
 
 
 def prior_s(impl: str, batch: int, model: str = "vit-b") -> float:
@@ -198,7 +200,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re, keep: dic
         common.reset_compile_state()
     else:
         counters["samhq"].clear()
-    common.set_precision("high")
+    common.set_precision(PRECISION[dtype])
     model = fn = net = opt_step = skips = None
     breaks0 = sum(counters["graph_break"].values())
     base = torch.cuda.memory_allocated(device) if cuda else 0  # the cells kept alive before this one
@@ -392,7 +394,7 @@ def parse_args(argv=None):
                     help="comma list of default,reduce-overhead (or ro): only the compiled impls of these modes "
                          "(the uncompiled eager baselines stay); default both")
     ap.add_argument("--batch", default="1,4", help="comma list of batch sizes (default 1,4)")
-    ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16 (default both)")
+    ap.add_argument("--dtype", default="tf32,bf16", help="comma list of tf32,bf16,fp32 (default tf32,bf16)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per cell")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps per cell, the first (compiling) one included")
     common.add_run_args(ap, HARNESS, profile="the profiled step (GPU-busy and attention shares)", chart="train_step.png")
