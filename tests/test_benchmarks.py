@@ -353,6 +353,24 @@ def test_train_step_quick(tmp_path, capsys):
         assert impls["samhq-eager"]["status"] == "ERROR"
 
 
+def test_layer_peers_times_one_layer_against_inductor(capsys):
+    # benchmarks/tools/layer_peers.py: one encoder layer at a size the harnesses do not take, samhq and Inductor in
+    # one process; samhq rewrites its one attention, Inductor none, and both compute the same loss and gradient
+    import layer_peers
+
+    pytest.importorskip("transformers")
+    if not HAVE_SAMHQ:
+        pytest.skip("samhq backend not importable")
+    rc = layer_peers.main(["--img", "64", "--dtype", "tf32", "--builds", "samhq-eager", "inductor-eager",
+                           "--iters", "1", "--warmup", "1", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("tf32 ")}
+    assert set(rows) == {"samhq-eager", "inductor-eager"}, out
+    assert rows["samhq-eager"][4] == "1" and rows["inductor-eager"][4] == "0", out  # the fused column
+    assert float(rows["inductor-eager"][6]) < 1e-2, out  # the check column
+
+
 @pytest.mark.slow
 def test_train_step_resume_counts_only_this_gpus_cells(tmp_path):
     """--resume skips the cells a results file finished on this GPU (CPU here), not those another GPU timed."""

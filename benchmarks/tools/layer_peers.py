@@ -1,0 +1,138 @@
+"""One SAM-HQ encoder layer at any image size, forward + backward: samhq against Inductor on both HF attention classes.
+
+train_step.py and inference.py build whole encoders at 256, 512 or 1024 px. This times a single layer (layer norms,
+qkv, rel-pos attention, projection, MLP; a global layer over the px/16-wide grid, or a windowed one over its 14x14
+windows) at any multiple of 16 px, so that a size outside those (1280 px: 80-wide grids), or a GPU class emulated
+with SAMHQ_FX_ARCH, can be held to "never slower than Inductor" layer by layer:
+
+    python benchmarks/tools/layer_peers.py --model vit-h --img 1280 --layer global --dtype tf32 fp32
+    SAMHQ_FX_ARCH=sm_86 python benchmarks/tools/layer_peers.py --img 1024 --dtype bf16
+
+Builds: samhq on the "eager" class (samhq-eager), Inductor on the "sdpa" class (inductor) and on the "eager" class
+(inductor-eager), default mode, each a fresh compile of a fresh random-init layer (samhq_fx.models.random_init_).
+A step: forward, a loss against a fixed random projection of the output, backward to the input and every parameter.
+Median of --iters steps after --warmup (the first compiles), CUDA events on a GPU (time.perf_counter on CPU); peak =
+max_memory_allocated over the timed steps above what was live before. "fused" is how many attentions samhq rewrote:
+0 means it left the layer to Inductor (a launch that does not fit the GPU, say), and then the two should tie. "check":
+the first step's loss and input-gradient norm against the first build's, relative; over train_step.py's tolerances
+(1e-2, bf16 1e-1) the run fails.
+dtypes: bf16 (autocast), tf32 (fp32, matmul precision "high"), fp32 ("highest", PyTorch's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: common
+import common  # noqa: E402
+from samhq_fx import models  # noqa: E402
+
+BUILDS = {"samhq-eager": ("eager", "samhq"), "inductor": ("sdpa", "inductor"), "inductor-eager": ("eager", "inductor")}
+PRECISION = {"bf16": "high", "tf32": "high", "fp32": "highest"}  # torch's fp32 matmul precision per dtype
+CHECK_TOL = {"bf16": 1e-1, "tf32": 1e-2, "fp32": 1e-2}  # relative, as train_step.py's: wrong math, not rounding
+
+
+def build_layer(size: str, img: int, layer: str, attn: str, device: torch.device):
+    """(the layer, its input [batch-less grid, hidden]): SAM-HQ's encoder layer of `size` at `img` px, global (window
+    size 0) or windowed (the config's 14)."""
+    from transformers.models.sam_hq.modeling_sam_hq import SamHQVisionLayer
+
+    cfg = models.vision_config(size, attn, image_size=img)
+    mod = SamHQVisionLayer(cfg, window_size=0 if layer == "global" else cfg.window_size)
+    return models.random_init_(mod).to(device), cfg
+
+
+def run(build: str, args, dtype: str, device: torch.device) -> dict:
+    """One build's row: ms (median step), peak MiB, fused count."""
+    from torch._dynamo.utils import counters
+
+    attn, backend = BUILDS[build]
+    common.reset_compile_state()
+    common.set_precision(PRECISION[dtype])
+    mod, cfg = build_layer(args.model, args.img, args.layer, attn, device)
+    g = args.img // cfg.patch_size
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, g, g, cfg.hidden_size, generator=gen).to(device).requires_grad_()  # [B, H, W, C]
+    probe = torch.randn(args.batch, g, g, cfg.hidden_size, generator=gen).to(device)
+    net = torch.compile(mod, backend=backend, dynamic=False)
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            out = net(x)[0]
+        loss = (out.float() * probe).mean()
+        loss.backward()
+        return loss.detach()
+
+    cuda = device.type == "cuda"
+    loss = step()  # the first (compiling) step: its loss and input gradient are what the builds are checked by
+    check = (float(loss), float(x.grad.double().norm()))
+    for _ in range(args.warmup - 1):
+        step()
+    common.sync(device)
+    base = torch.cuda.memory_allocated(device) if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(args.iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else None
+    return dict(build=build, ms=statistics.median(times), peak_mib=peak, fused=counters["samhq"]["fused"], check=check)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="vit-b", choices=list(models.VIT_SIZES))
+    p.add_argument("--img", type=int, default=1024, help="image size, a multiple of 16 (the grid is img / 16 wide)")
+    p.add_argument("--layer", default="global", choices=["global", "windows"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", nargs="+", default=["bf16", "tf32"], choices=list(PRECISION))
+    p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=list(BUILDS))
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps, the first (compiling) one included")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    args = p.parse_args(argv)
+    try:
+        models.check_image_size(args.img, 16, "--img")
+    except ValueError as e:
+        p.error(str(e))
+    if args.batch < 1 or args.iters < 1 or args.warmup < 1:
+        p.error("--batch, --iters and --warmup must be at least 1")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    print(f"{args.model} {args.img} px {args.layer} layer, batch {args.batch}, {device}")
+    print(f"{'dtype':<6}{'build':<16}{'ms':>9}{'peak MiB':>10}{'fused':>6}{'vs samhq':>9}{'check':>9}")
+    worst = 0.0
+    for dtype in args.dtype:
+        rows = [run(b, args, dtype, device) for b in args.builds]
+        ours = next((r["ms"] for r in rows if r["build"] == "samhq-eager"), None)
+        for r in rows:
+            # relative difference of the first step's loss and input-gradient norm from the first build's
+            diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["check"], rows[0]["check"]))
+            worst = max(worst, diff / CHECK_TOL[dtype])
+            peak = f"{r['peak_mib']:10.1f}" if r["peak_mib"] is not None else f"{'-':>10}"
+            ratio = f"{r['ms'] / ours:9.2f}" if ours else f"{'-':>9}"
+            print(f"{dtype:<6}{r['build']:<16}{r['ms']:9.3f}{peak}{r['fused']:6d}{ratio}{diff:9.1e}", flush=True)
+    if worst > 1:
+        print(f"FAIL: a build's loss or input gradient differs from the first build's by more than {CHECK_TOL}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
