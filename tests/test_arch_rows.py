@@ -154,9 +154,9 @@ def test_memcheck_rows_checks_candidate_rows_before_it_runs(tmp_path):
     # benchmarks/tools/memcheck_rows.py refuses rows the table's check refuses (a reason without a figure) on any
     # machine, before it looks for a GPU
     rows = tmp_path / "cand.py"
-    rows.write_text('ROWS = [("dq", dict(fp32=False), dict(num_stages=1), "no figure")]\n')
+    rows.write_text('ROWS = [("dq", dict(fp32=False), dict(num_stages=1), "one stage")]\n')
     proc = _gpu_table_python(str(TOOLS / "memcheck_rows.py"), "--shape", "B-global", "--rows", str(rows))
-    assert proc.returncode != 0 and "figure" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode != 0 and "with its figure" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.gpu

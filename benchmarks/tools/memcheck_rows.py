@@ -7,16 +7,17 @@ run (a stage count, a block shape) runs under memcheck before it is timed or tak
     compute-sanitizer --tool memcheck python benchmarks/tools/memcheck_rows.py --arch sm_90 --mode tf32x3 \\
         --shape B-global H-global-1280 --rows cand.py
 
-Cells as time_arch_rows.py names them (--arch emulates that class's configs on the GPU at hand, SAMHQ_FX_ARCH;
---shape SHAPES names or MODEL-LAYER-PX[-bBATCH]; --mode bf16 / tf32 / tf32x3), with --rows' candidate rows after the
-table's. Each cell prints its launches, then "done" and whether every gradient is finite; the sanitizer's
-"ERROR SUMMARY" closes the run. Set PYTORCH_NO_CUDA_MEMORY_CACHING=1 too, so that a global read past a tensor falls
-outside the caching allocator's blocks and memcheck sees it.
+Cells as time_arch_rows.py names them (--arch emulates that class's configs on the GPU at hand, SAMHQ_FX_ARCH; --shape
+SHAPES names or MODEL-LAYER-PX[-bBATCH]; --mode bf16 / tf32 / tf32x3), with --rows' candidate rows after the table's.
+Each cell prints its launches, then "done" and whether every gradient is finite (or "skip" where a launch does not fit
+the GPU at hand); the sanitizer's "ERROR SUMMARY" closes the run. Set PYTORCH_NO_CUDA_MEMORY_CACHING=1 too, so that a
+global read past a tensor falls outside the caching allocator's blocks and memcheck sees it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import os
 import sys
@@ -26,22 +27,27 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: bench_attention_core
-from time_arch_rows import MODES, _described, _shape_arg, load_rows, shape_of, shape_spec, table_with  # noqa: E402
+from time_arch_rows import (MODES, _described, _misfit, _shape_arg, arch, fit, load_rows, shape_of,  # noqa: E402
+                            shape_spec, table_with)
 
 from bench_attention_core import make  # noqa: E402
-from samhq_fx.kernels import arch, fit  # noqa: E402
-from samhq_fx.kernels import rel_pos_attention as K  # noqa: E402
+
+K = importlib.import_module(fit.__name__.rpartition(".")[0] + ".rel_pos_attention")  # the package time_arch_rows took
 
 
-def run_cell(name: str, shape: str, mode: str) -> bool:
+def run_cell(name: str, shape: str, mode: str, real: arch.Arch) -> bool:
     """Forward + backward of one cell under the table in use, synchronised after each; True if every gradient is
-    finite."""
-    os.environ["SAMHQ_FX_ARCH"] = name
+    finite, or if the cell's launches do not fit the GPU at hand (`real`; skipped, as time_arch_rows.py skips it)."""
     dtype, prec = MODES[mode]
     torch.set_float32_matmul_precision(prec)
     b, side, d = shape_spec(shape)
-    print(f"{name} {shape} {mode}:", *_described(fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape))),
-          sep="\n  ", flush=True)
+    launches = fit.launches(arch.ARCHS[name], dtype, prec, shape_of(shape))
+    print(f"{name} {shape} {mode}:", *_described(launches), sep="\n  ", flush=True)
+    misfit = _misfit(launches, real)
+    if misfit:
+        print(f"  skip: {misfit}", flush=True)
+        return True
+    os.environ["SAMHQ_FX_ARCH"] = name
     q, k, v, rel_h, rel_w, dout = make(b, side, dtype, d=d)  # q: [b, side*side, d]
     out, lse = K.forward(q, k, v, rel_h, rel_w, d ** -0.5)
     torch.cuda.synchronize()
@@ -61,10 +67,16 @@ def main(argv=None) -> int:
     p.add_argument("--rows", help="a Python file whose ROWS (candidate table rows) go after the table's")
     args = p.parse_args(argv)
     rows = load_rows(args.rows) if args.rows else None  # checked as the table is, before anything runs
+    if os.environ.get("SAMHQ_FX_ARCH"):
+        raise SystemExit("unset SAMHQ_FX_ARCH: memcheck_rows.py sets it per cell (--arch)")
     if not torch.cuda.is_available():
         raise SystemExit("memcheck_rows.py runs the kernels: it needs a CUDA GPU")
-    with table_with(rows):
-        finite = [run_cell(*cell) for cell in itertools.product(args.arch, args.shape, args.mode)]
+    real = arch.of(torch.device("cuda"))
+    try:
+        with table_with(rows):
+            finite = [run_cell(*cell, real) for cell in itertools.product(args.arch, args.shape, args.mode)]
+    finally:
+        os.environ.pop("SAMHQ_FX_ARCH", None)
     return 0 if all(finite) else 1
 
 
