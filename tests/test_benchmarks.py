@@ -356,11 +356,10 @@ def test_train_step_quick(tmp_path, capsys):
 def test_layer_peers_times_one_layer_against_inductor(capsys):
     # benchmarks/tools/layer_peers.py: one encoder layer at a size the harnesses do not take, samhq and Inductor in
     # one process; samhq rewrites its one attention, Inductor none, and both compute the same loss and gradient
-    import layer_peers
-
     pytest.importorskip("transformers")
     if not HAVE_SAMHQ:
         pytest.skip("samhq backend not importable")
+    import layer_peers
     rc = layer_peers.main(["--img", "64", "--dtype", "tf32", "--builds", "samhq-eager", "inductor-eager",
                            "--iters", "1", "--warmup", "1", "--device", "cpu"])
     out = capsys.readouterr().out

@@ -65,7 +65,8 @@ def run(build: str, args, dtype: str, device: torch.device) -> dict:
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            out = net(x)[0]
+            out = net(x)
+        out = out[0] if isinstance(out, tuple) else out  # a tuple in some transformers versions, a tensor in others
         loss = (out.float() * probe).mean()
         loss.backward()
         return loss.detach()
