@@ -201,7 +201,7 @@ TABLE = [
     # ... and past 64 wide (128-key grid rows, 1280 px) the launches that needed 240-352 KB: memcheck-clean, float64
     # GPU tests pass (what still does not fit is left to Inductor)
     ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, max_d=D_64, min_wk=WK_64 + 1), dict(num_stages=2),
-     "3-pass SAM-B 1280 px (128-key rows) dK/dV on sm_90, 2 stages: 192 KB (3: 240); H100 35.5 ms, 16 queries 40.0"),
+     "3-pass SAM-B 1280 px (128-key rows) dK/dV on sm_90, 2 stages: 192 KB (3: 240); H100 35.5 ms (16 q: 40.0)"),
     ("dq", dict(prec="tf32", min_cc=90, max_cc=90, min_wk=WK_64 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
      "TF32 1280 px dQ on sm_90, 64 x 128, 1 stage: 96-104 KB (was 320-352); H100 B 10.10 ms, H 23.34 (32 q: 11.14)"),
     # the one fp32 launch on 9- to 16-wide grids holds dQ's 64 x 64 tiles and dK/dV's at once: 253 KB at 3 stages
