@@ -80,6 +80,13 @@ def env_info() -> dict:
     return info
 
 
+# the harnesses' dtypes (train_step.py, inference.py, tools/layer_peers.py), in their table order: torch's fp32 matmul
+# precision for each ("fp32" is PyTorch's default, true fp32 GEMMs), and the relative difference from the reference
+# build that means wrong math, not rounding
+DTYPE_PRECISION = {"tf32": "high", "bf16": "high", "fp32": "highest"}
+DTYPE_TOL = {"tf32": 1e-2, "bf16": 1e-1, "fp32": 1e-2}
+
+
 def set_precision(precision: str) -> None:
     """float32 matmul precision: 'highest' (true fp32), 'high' (TF32), 'medium' (TF32 on CUDA too)."""
     torch.set_float32_matmul_precision(precision)

@@ -79,11 +79,9 @@ import plot  # noqa: E402
 
 IMPLS = {n: i for n, i in impls.IMPLS.items() if not i.compiled_autograd and not i.options}  # no backward here
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
-DTYPES = ("tf32", "bf16", "fp32")
-PRECISION = {"tf32": "high", "bf16": "high", "fp32": "highest"}  # torch's fp32 matmul precision per dtype
+DTYPES = tuple(common.DTYPE_PRECISION)
 TARGETS = ("encoder", "model")
 MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
-CHECK_TOL = {"tf32": 1e-2, "bf16": 1e-1, "fp32": 1e-2}
 PRIORS = {n: 5 if i.backend is None else 45 for n, i in IMPLS.items()}  # forward-only compiles: guess, H200 host
 HARNESS = "inference"  # its rows: benchmarks/results/inference.jsonl
 
@@ -122,7 +120,7 @@ def run_cell(key: tuple, args, device, keep: dict | None = None) -> dict:
         common.reset_compile_state()
     else:
         counters["samhq"].clear()
-    common.set_precision(PRECISION[dtype])
+    common.set_precision(common.DTYPE_PRECISION[dtype])
     model = fn = skips = None
     breaks0 = sum(counters["graph_break"].values())
     base = torch.cuda.memory_allocated(device) if cuda else 0  # the cells kept alive before this one
@@ -209,7 +207,7 @@ def check_outputs(rows: list[dict]) -> None:
         if r.get("check") is None or ref is None:
             continue
         r["check_rel_diff"] = abs(r["check"] - ref["check"]) / max(abs(ref["check"]), 1e-30)
-        if r["status"] == "OK" and r["check_rel_diff"] > CHECK_TOL[r["dtype"]]:
+        if r["status"] == "OK" and r["check_rel_diff"] > common.DTYPE_TOL[r["dtype"]]:
             r["status"], r["detail"] = "FAIL", f"check {r['check']:.6g} vs {ref['impl']} {ref['check']:.6g}"
 
 

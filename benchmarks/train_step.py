@@ -113,15 +113,13 @@ DEFAULT_IMPLS = tuple(n for n, i in IMPLS.items() if not i.compiled_autograd and
 QUICK_IMPLS = ("eager-eager", "samhq-eager")
 OPTIMIZERS = ("adamw-fused", "adamw-compiled", "none")
 LR = 1e-6
-DTYPES = ("tf32", "bf16", "fp32")
-PRECISION = {"tf32": "high", "bf16": "high", "fp32": "highest"}  # torch's fp32 matmul precision per dtype
+DTYPES = tuple(common.DTYPE_PRECISION)
 MODELS = ("vit-b", "vit-l", "vit-h")  # samhq_fx.models.VIT_SIZES; --quick records "tiny"
 MODEL_LAYERS = {"vit-b": 12, "vit-l": 24, "vit-h": 32}
 # Tiny model for the CPU smoke test: 8x8 patch grid, window 2, one global layer.
 QUICK_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=4,
                     window_size=2, global_attn_indexes=(1,), output_channels=16)
 ATTN_PATTERN = r"flash|fmha|attention|attn|softmax|sdpa|rel_pos|samhq|flex"
-LOSS_TOL = {"tf32": 1e-2, "bf16": 1e-1, "fp32": 1e-2}  # relative, vs eager: catches wrong math, not rounding
 
 
 def prior_s(impl: str, batch: int, model: str = "vit-b") -> float:
@@ -200,7 +198,7 @@ def run_cell(name: str, batch: int, dtype: str, args, device, attn_re, keep: dic
         common.reset_compile_state()
     else:
         counters["samhq"].clear()
-    common.set_precision(PRECISION[dtype])
+    common.set_precision(common.DTYPE_PRECISION[dtype])
     model = fn = net = opt_step = skips = None
     breaks0 = sum(counters["graph_break"].values())
     base = torch.cuda.memory_allocated(device) if cuda else 0  # the cells kept alive before this one
@@ -333,7 +331,7 @@ def check_losses(rows: list[dict]) -> None:
             if r.get(key) is None or ref.get(key) is None:
                 continue
             r[out] = abs(r[key] - ref[key]) / max(abs(ref[key]), 1e-30)
-            if r["status"] == "OK" and r[out] > LOSS_TOL[r["dtype"]]:
+            if r["status"] == "OK" and r[out] > common.DTYPE_TOL[r["dtype"]]:
                 r["status"], r["detail"] = "FAIL", f"{key} {r[key]:.6g} vs {ref['impl']} {ref[key]:.6g}"
 
 

@@ -35,8 +35,6 @@ import common  # noqa: E402
 from samhq_fx import models  # noqa: E402
 
 BUILDS = {"samhq-eager": ("eager", "samhq"), "inductor": ("sdpa", "inductor"), "inductor-eager": ("eager", "inductor")}
-PRECISION = {"bf16": "high", "tf32": "high", "fp32": "highest"}  # torch's fp32 matmul precision per dtype
-CHECK_TOL = {"bf16": 1e-1, "tf32": 1e-2, "fp32": 1e-2}  # relative, as train_step.py's: wrong math, not rounding
 
 
 def build_layer(size: str, img: int, layer: str, attn: str, device: torch.device):
@@ -55,7 +53,7 @@ def run(build: str, args, dtype: str, device: torch.device) -> dict:
 
     attn, backend = BUILDS[build]
     common.reset_compile_state()
-    common.set_precision(PRECISION[dtype])
+    common.set_precision(common.DTYPE_PRECISION[dtype])
     mod, cfg = build_layer(args.model, args.img, args.layer, attn, device)
     g = args.img // cfg.patch_size
     gen = torch.Generator().manual_seed(0)
@@ -103,7 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--img", type=int, default=1024, help="image size, a multiple of 16 (the grid is img / 16 wide)")
     p.add_argument("--layer", default="global", choices=["global", "windows"])
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dtype", nargs="+", default=["bf16", "tf32"], choices=list(PRECISION))
+    p.add_argument("--dtype", nargs="+", default=["bf16", "tf32"], choices=list(common.DTYPE_PRECISION))
     p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=list(BUILDS))
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps, the first (compiling) one included")
@@ -125,12 +123,12 @@ def main(argv=None) -> int:
         for r in rows:
             # relative difference of the first step's loss and input-gradient norm from the first build's
             diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["check"], rows[0]["check"]))
-            worst = max(worst, diff / CHECK_TOL[dtype])
+            worst = max(worst, diff / common.DTYPE_TOL[dtype])
             peak = f"{r['peak_mib']:10.1f}" if r["peak_mib"] is not None else f"{'-':>10}"
             ratio = f"{r['ms'] / ours:9.2f}" if ours else f"{'-':>9}"
             print(f"{dtype:<6}{r['build']:<16}{r['ms']:9.3f}{peak}{r['fused']:6d}{ratio}{diff:9.1e}", flush=True)
     if worst > 1:
-        print(f"FAIL: a build's loss or input gradient differs from the first build's by more than {CHECK_TOL}")
+        print(f"FAIL: a build's loss or input gradient differs from the first build's by more than {common.DTYPE_TOL}")
         return 1
     return 0
 

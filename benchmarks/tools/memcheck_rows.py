@@ -17,7 +17,6 @@ global read past a tensor falls outside the caching allocator's blocks and memch
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import os
 import sys
@@ -30,9 +29,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: bench_attention_cor
 from time_arch_rows import (MODES, _described, _misfit, _shape_arg, arch, fit, load_rows, shape_of,  # noqa: E402
                             shape_spec, table_with)
 
-from bench_attention_core import make  # noqa: E402
-
-K = importlib.import_module(fit.__name__.rpartition(".")[0] + ".rel_pos_attention")  # the package time_arch_rows took
+from bench_attention_core import K, make  # noqa: E402
 
 
 def run_cell(name: str, shape: str, mode: str, real: arch.Arch) -> bool:
