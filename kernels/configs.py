@@ -194,16 +194,14 @@ TABLE = [
      "fp32 high D=80 global bwd 3170 -> 2622 us, 16-query dK/dV at 2 -> 3 stages (108 KB, 2 CTAs per SM)"),
     # sm_90 on grids over 32 wide: 3-pass 64-query dQ (SAM-B's were 128 / 8 warps) and ViT-H's dK/dV at 1 stage
     # (H100, same process, 640 / 768 px: SAM-B 1.05x faster, ViT-H 1.22-1.29x); clean under compute-sanitizer memcheck
-    ("dq", dict(prec="tf32x3", min_cc=90, max_cc=90, min_wk=WK_32 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
+    # (not past 64 wide: at 1280 px they make fp32 layers fit that Inductor is estimated to run faster,
+    # benchmarks/DECISIONS.md "1280 px fp32 on sm_90"; those stay with Inductor, their launches not fitting)
+    ("dq", dict(prec="tf32x3", min_cc=90, max_cc=90, min_wk=WK_32 + 1, max_wk=WK_64),
+     dict(BLOCK_M=64, num_warps=4, num_stages=1),
      "3-pass global dQ on sm_90, 64 x 64 / 1 stage; H100 SAM-B 5.511 -> 5.245 ms, ViT-H 14.001 -> 12.417"),
-    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_32 + 1), dict(num_stages=1),
+    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_32 + 1, max_wk=WK_64),
+     dict(num_stages=1),
      "3-pass ViT-H global dK/dV on sm_90, 16 x 64 / 1 stage, with the row above: H100 14.002 -> 10.071 ms"),
-    # ... and past 64 wide (128-key grid rows, 1280 px) the launches that needed 240-352 KB: memcheck-clean, float64
-    # GPU tests pass (what still does not fit is left to Inductor)
-    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, max_d=D_64, min_wk=WK_64 + 1), dict(num_stages=2),
-     "3-pass SAM-B 1280 px (128-key rows) dK/dV on sm_90, 2 stages: 192 KB (3: 240); H100 35.5 ms (16 q: 40.0)"),
-    ("dq", dict(prec="tf32", min_cc=90, max_cc=90, min_wk=WK_64 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
-     "TF32 1280 px dQ on sm_90, 64 x 128, 1 stage: 96-104 KB (was 320-352); H100 B 10.10 ms, H 23.34 (32 q: 11.14)"),
     # the one fp32 launch on 9- to 16-wide grids holds dQ's 64 x 64 tiles and dK/dV's at once: 253 KB at 3 stages
     # ('high'; 264 KB 'highest'), over the 227 KB a CTA may have (OutOfResources on the H200 at 24 x 14x14)
     ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
