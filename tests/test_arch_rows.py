@@ -159,13 +159,33 @@ def test_memcheck_rows_checks_candidate_rows_before_it_runs(tmp_path):
     assert proc.returncode != 0 and "with its figure" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
+def test_memcheck_rows_says_when_candidate_rows_change_no_launch(tmp_path):
+    # a candidate that never applies to the cells asked for would pass the sanitizer unchecked: the tool tells a row
+    # that changes a launch (sm_90's bf16 SAM-B global dQ at 1 stage) from one that changes none (an fp32 row, bf16
+    # cells), with the GPU table's configs (no TRITON_INTERPRET)
+    code = f"""
+import sys
+sys.path.insert(0, {str(TOOLS)!r})
+import memcheck_rows as m
+cells = [("sm_90", "B-global", "bf16"), ("sm_86", "H-windows", "bf16")]
+bf16_dq = [("dq", dict(fp32=False), dict(num_stages=1), "one stage: 1 against 3")]
+fp32_dq = [("dq", dict(fp32=True), dict(num_stages=1), "one stage: 1 against 3")]
+print(m.changes_a_launch(bf16_dq, cells), m.changes_a_launch(fp32_dq, cells))
+"""
+    proc = _gpu_table_python("-c", code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False"], proc.stdout
+
+
 @pytest.mark.gpu
-def test_memcheck_rows_runs_a_cell_on_the_gpu(tmp_path):
-    # what compute-sanitizer wraps: one cell's forward + backward under an emulated class's rows, finite gradients
+def test_memcheck_rows_runs_a_cell_on_the_gpu():
+    # the script compute-sanitizer wraps (here run without it): one cell's forward + backward under an emulated
+    # class's rows, finite gradients, every cell run
     proc = _gpu_table_python(str(TOOLS / "memcheck_rows.py"), "--arch", "sm_86", "--shape", "H-global-256",
                              "--mode", "bf16", "tf32x3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.count("gradients finite: True") == 2, proc.stdout[-2000:]
+    assert "2 of 2 cells ran" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_time_arch_rows_dry_run_lists_what_it_would_time():
