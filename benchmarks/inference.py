@@ -38,7 +38,7 @@ timings from different processes are not comparable; --gpus N splits whole group
                the GPU waited for the host (launches, Python, guards) rather than computed (None without the
                profile: CPU, --no-profile);
   check        (out.float() * probe).mean() of the first call, relative difference from eager-eager's (else
-               eager-sdpa's) of the same group: FAIL above 1e-2 (tf32) / 1e-1 (bf16);
+               eager-sdpa's) of the same group: FAIL above common.DTYPE_TOL (tf32 1e-2, bf16 1e-1, fp32 1e-3);
   cudagraph_skips (reduce-overhead cells), graph_breaks, fused (samhq cells).
 Summaries, over the OK rows of the run:
   "summary"          per group: the fastest samhq, Inductor and eager rows (any mode) and samhq's speedup over each

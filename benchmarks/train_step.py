@@ -67,8 +67,8 @@ Measurements per (model, dtype, batch, impl) cell:
             compiled optimizer adds its own);
   loss, rel_pos_grad_norm  of the first step (the norm of all rel_pos_h/rel_pos_w gradients, which flow only
             through attention), and their relative differences from eager-eager's (else eager-sdpa's) of the same
-            model, image size, batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL above 1e-2 in
-            tf32, 1e-1 in bf16).
+            model, image size, batch and dtype -- a cheap check that a compiled model computes the same thing (FAIL
+            above common.DTYPE_TOL: 1e-2 in tf32, 1e-1 in bf16, 1e-3 in fp32).
 Summaries, over the OK rows of the results file:
   "summary"          per (model, img, dtype, batch): the fastest samhq, Inductor and eager rows (any mode) and samhq's
                      speedup over the fastest Inductor and eager ones (plot.best_per_family);
