@@ -155,9 +155,9 @@ def test_second_process_hits_caches_and_keeps_the_rewrite(tmp_path):
     assert warm["fused"] == 1  # the rewrite runs in the backend, before the cache lookup
     assert warm["fx_hit"] >= 1 and warm["fx_miss"] == 0
     assert warm["aot_hit"] >= 1
-    # the cached code is the rewritten code. Not bit for bit: a CPU GEMM's summation order may follow its buffers'
-    # alignment, which differs between processes (2e-5 apart elementwise on a CI machine): the whole gradient's
-    # relative error is checked, at fp32's summation-order level
+    # and the cached code computes the cold process's gradients; not to the bit, since a CPU GEMM's summation order
+    # may follow its buffers' alignment, which differs between processes (2e-5 apart elementwise on a CI machine):
+    # the whole gradient's relative error, at fp32's summation-order level
     for g_warm, g_cold in zip(warm["grads"], cold["grads"]):
         assert rel_err(torch.tensor(g_warm), torch.tensor(g_cold)) < 1e-4
     changed = _run_process(tmp_path, SAMHQ_FX_MIN_SEQ_LEN="2")  # another pass uuid: no stale hit
