@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from . import arch, configs
+from . import arch, configs, tiles
 from . import rel_pos_attention as K
 
 
@@ -118,7 +118,7 @@ def per_sm(target: arch.Arch) -> PerSM:
 _PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 _lock = threading.Lock()  # recording swaps the host code's launcher
 _built: dict[tuple, Built] = {}
-_verdicts: dict[tuple, str | None] = {}
+_verdicts: dict[tuple, tuple[list, str | None]] = {}  # -> (the table it was decided under, the verdict)
 
 
 def _record(kernel, grid, *args, **kwargs):
@@ -286,10 +286,13 @@ def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) 
 
 def misfit(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> str | None:
     """None if every launch for `shape` builds and fits on `target`; else the first reason it does not."""
-    key = (target, dtype, precision, shape)
-    if key in _verdicts:
-        return _verdicts[key]
+    # the launches follow the config table in use (a benchmark's candidate rows, a test's OVERRIDES) and the head-dim
+    # chunking, so the verdict is kept per table (held, so that its id is not reused) and overrides
+    overrides = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in configs.OVERRIDES.items()))
+    key = (target, dtype, precision, shape, id(configs.TABLE), overrides, tiles.SPLIT_HEAD_DIM)
+    if key in _verdicts and _verdicts[key][0] is configs.TABLE:
+        return _verdicts[key][1]
     built = build_all([(launch, target) for launch in launches(target, dtype, precision, shape)])
     reason = next((b.misfit for b in built if b.misfit), None)
-    _verdicts[key] = reason
+    _verdicts[key] = (configs.TABLE, reason)
     return reason
