@@ -353,21 +353,24 @@ def test_train_step_quick(tmp_path, capsys):
         assert impls["samhq-eager"]["status"] == "ERROR"
 
 
-def test_layer_peers_times_one_layer_against_inductor(capsys):
+def test_layer_peers_times_one_layer_against_inductor(capsys, tmp_path):
     # benchmarks/tools/layer_peers.py: one encoder layer at a size the harnesses do not take, samhq and Inductor in
-    # one process; samhq rewrites its one attention, Inductor none, and both compute the same loss and gradient
+    # one process; samhq rewrites its one attention, Inductor none, and both compute the same loss and gradient; with
+    # --rows one more samhq build under candidate config rows (on CPU the reference runs: no row applies)
     pytest.importorskip("transformers")
     if not HAVE_SAMHQ:
         pytest.skip("samhq backend not importable")
     import layer_peers
+    cand = tmp_path / "cand.py"
+    cand.write_text('ROWS = [("dq", dict(prec="tf32"), dict(num_stages=1), "one stage: 1 against 3")]\n')
     rc = layer_peers.main(["--img", "64", "--dtype", "tf32", "--builds", "samhq-eager", "inductor-eager",
-                           "--iters", "1", "--warmup", "1", "--device", "cpu"])
+                           "--iters", "1", "--warmup", "1", "--device", "cpu", "--rows", str(cand)])
     out = capsys.readouterr().out
     assert rc == 0, out
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("tf32 ")}
-    assert set(rows) == {"samhq-eager", "inductor-eager"}, out
-    assert rows["samhq-eager"][4] == "1" and rows["inductor-eager"][4] == "0", out  # the fused column
-    assert float(rows["inductor-eager"][6]) < 1e-2, out  # the check column
+    assert set(rows) == {"samhq-eager", "inductor-eager", "samhq+rows"}, out
+    assert [rows[b][4] for b in ("samhq-eager", "inductor-eager", "samhq+rows")] == ["1", "0", "1"], out  # fused
+    assert float(rows["inductor-eager"][6]) < 1e-2 and float(rows["samhq+rows"][6]) < 1e-2, out  # the check column
 
 
 @pytest.mark.slow

@@ -7,6 +7,11 @@ with SAMHQ_FX_ARCH, can be held to "never slower than Inductor" layer by layer:
 
     python benchmarks/tools/layer_peers.py --model vit-h --img 1280 --layer global --dtype tf32 fp32
     SAMHQ_FX_ARCH=sm_86 python benchmarks/tools/layer_peers.py --img 1024 --dtype bf16
+    python benchmarks/tools/layer_peers.py --img 1280 --dtype tf32 --rows cand.py   # + samhq with candidate rows
+
+--rows FILE: time_arch_rows.py's candidate config rows (a .py file defining ROWS, checked as the table is), after the
+table's, in one more build, "samhq+rows" (Inductor's caches off for it: its compile must see the rows): whether a row
+that makes a layer fit, or changes its launches, beats Inductor there.
 
 Builds: samhq on the "eager" class (samhq-eager), Inductor on the "sdpa" class (inductor) and on the "eager" class
 (inductor-eager), default mode, each a fresh compile of a fresh random-init layer (samhq_fx.models.random_init_).
@@ -29,8 +34,10 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks/: common
+sys.path.insert(0, HERE)
 import common  # noqa: E402
 from samhq_fx import models  # noqa: E402
+from time_arch_rows import load_rows, table_with  # noqa: E402
 
 BUILDS = {"samhq-eager": ("eager", "samhq"), "inductor": ("sdpa", "inductor"), "inductor-eager": ("eager", "inductor")}
 
@@ -45,8 +52,11 @@ def build_layer(size: str, img: int, layer: str, attn: str, device: torch.device
     return models.random_init_(mod).to(device), cfg
 
 
-def run(build: str, args, dtype: str, device: torch.device) -> dict:
-    """One build's row: ms (median step), peak MiB, fused count."""
+def run(build: str, args, dtype: str, device: torch.device, rows: list | None = None) -> dict:
+    """One build's row: ms (median step), peak MiB, fused count; with candidate config `rows`, "samhq+rows"."""
+    if rows:
+        with table_with(rows), torch._inductor.config.patch(force_disable_caches=True):
+            return dict(run(build, args, dtype, device), build="samhq+rows")
     attn, backend = BUILDS[build]
     common.reset_compile_state()
     common.set_precision(common.DTYPE_PRECISION[dtype])
@@ -90,7 +100,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps, the first (compiling) one included")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--rows", help="a Python file whose ROWS (candidate config rows) a samhq+rows build runs with")
     args = p.parse_args(argv)
+    rows = load_rows(args.rows) if args.rows else None  # checked as the table is, before anything compiles
     try:
         models.check_image_size(args.img, 16, "--img")
     except ValueError as e:
@@ -102,11 +114,13 @@ def main(argv=None) -> int:
     print(f"{'dtype':<6}{'build':<16}{'ms':>9}{'peak MiB':>10}{'fused':>6}{'vs samhq':>9}{'check':>9}")
     failed = []
     for dtype in args.dtype:
-        rows = [run(b, args, dtype, device) for b in args.builds]
-        ours = next((r["ms"] for r in rows if r["build"] == "samhq-eager"), None)
-        for r in rows:
+        results = [run(b, args, dtype, device) for b in args.builds]
+        if rows:
+            results.append(run("samhq-eager", args, dtype, device, rows))
+        ours = next((r["ms"] for r in results if r["build"] == "samhq-eager"), None)
+        for r in results:
             # relative difference of the first step's loss and input-gradient norm from the first build's
-            diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["check"], rows[0]["check"]))
+            diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(r["check"], results[0]["check"]))
             if not diff <= common.DTYPE_TOL[dtype]:  # NaN fails too
                 failed.append(f"{dtype} {r['build']} {diff:.1e} (over {common.DTYPE_TOL[dtype]:g})")
             peak = f"{r['peak_mib']:10.1f}" if r["peak_mib"] is not None else f"{'-':>10}"
