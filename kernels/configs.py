@@ -15,9 +15,9 @@ Shape class: the facts `config()` is called with (kernels/rel_pos_attention.py d
     cc        int    the target's compute capability, major * 10 + minor (80, 86, 89, 90, 100, 120)
     interpret bool   Triton's CPU interpreter (tests)
 
-A row is (kernel, conditions, config, reason). kernel: "fwd", "dkdv", "dq", or "bwd" (how the backward is
-launched). Conditions a row may name (thresholds are the named constants above the table: WK_TINY,
-WK_NARROW, ROWS_SMALL_FP32, ROWS_SMALL_16BIT, D_64, D_WIDE):
+A row is (kernel, conditions, config, reason). kernel: "fwd", "dkdv", "dq", "bwd" (how the backward is
+launched), or "place" (whether the rewrite fuses the shape class at all). Conditions a row may name (thresholds
+are the named constants above the table: WK_TINY, WK_NARROW, ROWS_SMALL_FP32, ROWS_SMALL_16BIT, D_64, D_WIDE):
     fp32=, prec=, wide=, interpret=           the fact equals this
     min_d=, max_d=                            d at least / at most this (inclusive)
     min_wk=, max_wk=                          wk at least / at most this (inclusive)
@@ -34,14 +34,14 @@ Selection rules (the only ones; `_applies` and `config()` implement them, `check
   3. A row applies when it is for the kernel asked for and all its conditions (with rules 1 and 2) hold.
   4. The config starts empty; every row that applies, in table order, sets the keys it names (dict.update):
      a later row replaces an earlier row's value of the same key and keeps the rest. So a general row comes
-     first and the rows that refine it come below it. A key no row sets is off: RH_SELECT, BIAS_T and FUSED
-     read as False (so with no "bwd" row, as for wide head dims, the backward runs split).
+     first and the rows that refine it come below it. A key no row sets is off: RH_SELECT, BIAS_T, FUSED and
+     INDUCTOR read as False (so with no "bwd" row, as for wide head dims, the backward runs split).
   5. Last, OVERRIDES[kernel] (tests and benchmark sweeps set it; empty in production) sets its keys over
      the table's.
   6. At import, a row with an unknown kernel, an unknown condition key (or a value of the wrong type), a
      config key that its kernel does not take, or a reason that is not one line with a figure is an error
-     naming the row (where a row came from is in git's history, not in the reason). tests/test_configs.py checks that no row is dead: each one, somewhere it applies,
-     sets a key that no later row replaces.
+     naming the row (where a row came from is in git's history, not in the reason). tests/test_configs.py
+     checks that no row is dead: each one, somewhere it applies, sets a key that no later row replaces.
 
 Keys of a config: BLOCK_M (query block, or query step in dK/dV), BLOCK_N (key-tile target: the tile is
 R = max(1, BLOCK_N // WK_PAD) whole grid rows), num_warps, num_stages, and RH_SELECT (rel_h by R column
@@ -54,6 +54,9 @@ per SM were within -3% .. +20% of the rows below on the H200 (benchmarks/DECISIO
 The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in one launch, each computing
 delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
 num_warps and num_stages.
+The "place" rows say where the rewrite puts a shape class whose launches fit: INDUCTOR=True leaves it to Inductor
+(where Inductor is measured or estimated faster), with the deciding row's reason in the match report
+(`inductor_reason`); direct calls of the op still run the kernels.
 
 Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/DECISIONS.md). The rows for
 the other GPU classes (max_smem / min_cc / max_cc conditions, after the rows they refine) are chosen by compiled
@@ -194,14 +197,16 @@ TABLE = [
      "fp32 high D=80 global bwd 3170 -> 2622 us, 16-query dK/dV at 2 -> 3 stages (108 KB, 2 CTAs per SM)"),
     # sm_90 on grids over 32 wide: 3-pass 64-query dQ (SAM-B's were 128 / 8 warps) and ViT-H's dK/dV at 1 stage
     # (H100, same process, 640 / 768 px: SAM-B 1.05x faster, ViT-H 1.22-1.29x); clean under compute-sanitizer memcheck
-    # (not past 64 wide: at 1280 px they make fp32 layers fit that Inductor is estimated to run faster,
-    # benchmarks/DECISIONS.md "1280 px fp32 on sm_90"; those stay with Inductor, their launches not fitting)
-    ("dq", dict(prec="tf32x3", min_cc=90, max_cc=90, min_wk=WK_32 + 1, max_wk=WK_64),
-     dict(BLOCK_M=64, num_warps=4, num_stages=1),
+    ("dq", dict(prec="tf32x3", min_cc=90, max_cc=90, min_wk=WK_32 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
      "3-pass global dQ on sm_90, 64 x 64 / 1 stage; H100 SAM-B 5.511 -> 5.245 ms, ViT-H 14.001 -> 12.417"),
-    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_32 + 1, max_wk=WK_64),
-     dict(num_stages=1),
+    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, min_d=D_64 + 1, min_wk=WK_32 + 1), dict(num_stages=1),
      "3-pass ViT-H global dK/dV on sm_90, 16 x 64 / 1 stage, with the row above: H100 14.002 -> 10.071 ms"),
+    # ... and past 64 wide (128-key grid rows, 1280 px) the launches that needed 240-352 KB: memcheck-clean, float64
+    # GPU tests pass. They serve direct calls of the op: the rewrite leaves these layers to Inductor ("place" below)
+    ("dkdv", dict(prec="tf32x3", min_cc=90, max_cc=90, max_d=D_64, min_wk=WK_64 + 1), dict(num_stages=2),
+     "3-pass SAM-B 1280 px (128-key rows) dK/dV on sm_90, 2 stages: 192 KB (3: 240); H100 35.5 ms (16 q: 40.0)"),
+    ("dq", dict(prec="tf32", min_cc=90, max_cc=90, min_wk=WK_64 + 1), dict(BLOCK_M=64, num_warps=4, num_stages=1),
+     "TF32 1280 px dQ on sm_90, 64 x 128, 1 stage: 96-104 KB (was 320-352); H100 B 10.10 ms, H 23.34 (32 q: 11.14)"),
     # the one fp32 launch on 9- to 16-wide grids holds dQ's 64 x 64 tiles and dK/dV's at once: 253 KB at 3 stages
     # ('high'; 264 KB 'highest'), over the 227 KB a CTA may have (OutOfResources on the H200 at 24 x 14x14)
     ("dq", dict(fp32=True, min_d=D_64 + 1, min_wk=WK_TINY + 1, max_wk=WK_NARROW, max_rows=ROWS_SMALL_FP32),
@@ -389,6 +394,13 @@ TABLE = [
      "fp32 at D=80 padded to 128: fits sm_90's 227 KB of shared memory"),
     ("dq", dict(wide=True, fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
      "fp32 at D=80 padded to 128: fits sm_90's 227 KB of shared memory"),
+    # ---- placement: fp32 on key grids past 64 wide (above 1024 px) goes to Inductor, on every class. samhq's sm_90
+    # attention grows 6.1x (TF32) / 6.7x (3-pass) from 1024 to 1280 px, its work 2.44x: Inductor estimated ahead
+    # (benchmarks/DECISIONS.md, "fp32 past 64-wide grids"); tools/layer_peers.py --rows with INDUCTOR=False times it
+    ("place", dict(fp32=True, min_wk=WK_64 + 1), dict(INDUCTOR=True),
+     "fp32 past 64-wide grids: Inductor est. ~6.9 ms, samhq 10.10 (sm_90 TF32 SAM-B 1280 px, H100)"),
+    ("place", dict(fp32=True, wide=True, min_wk=WK_64 + 1), dict(INDUCTOR=True),
+     "fp32 past 64-wide grids, wide head dims: as at D <= 80 (row above: est. ~6.9 ms against 10.10)"),
     # ---- the CPU interpreter: small blocks, so a tiny test shape crosses several query blocks and key
     # tiles with partial ones at both ends (not measured: correctness only)
     ("fwd", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False),
@@ -405,14 +417,15 @@ TABLE = [
 OVERRIDES: dict[str, dict] = {}
 
 
-KERNELS = ("fwd", "dkdv", "dq", "bwd")
+KERNELS = ("fwd", "dkdv", "dq", "bwd", "place")
 # condition key -> the type of its value; min_X / max_X bound fact X
 CONDITION_KEYS = dict(fp32=bool, prec=str, wide=bool, interpret=bool, min_d=int, max_d=int, min_wk=int,
                       max_wk=int, min_rows=int, max_rows=int, min_smem=int, max_smem=int, min_cc=int, max_cc=int)
 PRECISIONS = ("none", "tf32", "tf32x3")
 _BLOCKS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "RH_SELECT", "MAXNREG")
 # kernel -> the config keys it takes (see "Keys of a config" above)
-CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS + ("SPLIT_ROW",), dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",))
+CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS + ("SPLIT_ROW",), dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",),
+                   place=("INDUCTOR",))
 REASON_MAX = 110  # characters in a row's reason: one line of the table
 
 
@@ -476,6 +489,20 @@ def config(kernel: str, *, fp32: bool, prec: str, wide: bool, wk: int, rows: int
         cfg.update(TABLE[i][2])
     cfg.update(OVERRIDES.get(kernel, {}))  # rule 5
     return cfg
+
+
+def inductor_reason(*, fp32: bool, prec: str, wide: bool, wk: int, rows: int, interpret: bool, d: int = 64,
+                    smem: int = SMEM_HOPPER, cc: int = 90) -> str | None:
+    """Where the "place" rows leave this shape class to Inductor (INDUCTOR=True, rules 1-5 as for a kernel's
+    config), the reason of the last row that set it (OVERRIDES': "OVERRIDES"); None where the rewrite may fuse it."""
+    facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d, smem=smem, cc=cc)
+    inductor, why = False, None
+    for i in applying_rows("place", facts):
+        if "INDUCTOR" in TABLE[i][2]:
+            inductor, why = TABLE[i][2]["INDUCTOR"], TABLE[i][3]
+    if "INDUCTOR" in OVERRIDES.get("place", {}):
+        inductor, why = OVERRIDES["place"]["INDUCTOR"], "OVERRIDES"
+    return why if inductor else None
 
 
 check_table(TABLE)  # rule 6

@@ -284,6 +284,17 @@ def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) 
     return built
 
 
+def left_to_inductor(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> str | None:
+    """The config table's reason for leaving `shape` to Inductor on `target` (its "place" rows) at any of its batch
+    sizes (b None: every one whose rows class differs), or None."""
+    batches = [shape.b] if shape.b is not None else _batches(shape.n_q, shape.heads)
+    for b in batches:
+        reason = K.inductor_reason(dtype, precision, shape.d, shape.dv, shape.wk, b * shape.n_q, target)
+        if reason:
+            return reason
+    return None
+
+
 def misfit(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> str | None:
     """None if every launch for `shape` builds and fits on `target`; else the first reason it does not."""
     # the launches follow the config table in use (a benchmark's candidate rows, a test's OVERRIDES) and the head-dim

@@ -109,6 +109,17 @@ def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int,
                           rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
 
 
+def inductor_reason(dtype: torch.dtype, precision: str, d: int, dv: int, wk: int, rows: int,
+                    target: arch.Arch) -> str | None:
+    """Why the rewrite leaves this shape class to Inductor on `target` (the table's "place" rows, configs.py), or None;
+    precision: torch's fp32 matmul setting, rows = batch * queries. Asked at compile time (kernels/fit.py); a direct
+    call of the op does not ask."""
+    prec = _FP32_PREC[precision] if dtype == torch.float32 else "none"
+    d_max = max(tiles.pad(d), tiles.pad(dv))
+    return configs.inductor_reason(fp32=dtype == torch.float32, prec=prec, wide=d_max > configs.D_WIDE, d=d_max,
+                                   wk=wk, rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
+
+
 _tile, _pad = tiles.tile, tiles.pad
 
 

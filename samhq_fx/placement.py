@@ -72,7 +72,11 @@ def misfit(m: Match, heads: int = 1) -> str | None:
     # a static batch is checked as it is; a symbolic one at every batch size whose configs differ
     b = math.prod(batch) if all(map(is_static, batch)) else None
     shape = fit.Shape(b=b, n_q=n_q, hk=hk, wk=wk, d=d, dv=dv, heads=heads)
-    reason = fit.misfit(target, q.dtype, torch.get_float32_matmul_precision(), shape)
+    precision = torch.get_float32_matmul_precision()
+    reason = fit.left_to_inductor(target, q.dtype, precision, shape)  # before compiling anything for it
+    if reason is not None:
+        return f"the config table places it with Inductor on {target.name} (kernels/configs.py: {reason})"
+    reason = fit.misfit(target, q.dtype, precision, shape)
     return None if reason is None else f"the kernels do not fit {target.name}: {reason}"
 
 

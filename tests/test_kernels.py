@@ -467,7 +467,7 @@ SAM_CLASSES = [
     (1, 3, 32, 80, "fp32-high", 16 * 1024, "sm_86"),
     (1, 2, 64, 80, "fp32-highest", 16 * 4096, "sm_86"),
     (1, 2, 64, 64, "fp32-highest", 12 * 4096),
-    (1, 2, 64, 80, "fp32-highest", 16 * 4096),  # on a GPU: sm_90's ViT-H 3-pass dK/dV row, 1 stage
+    (1, 2, 64, 80, "fp32-highest", 16 * 4096),  # and sm_90's ViT-H 3-pass dK/dV at 1 stage
 ]
 
 
@@ -521,10 +521,10 @@ def test_gpu_bench_grids(grid, mode, matmul_precision):
 
 
 # key grids over 64 wide (SAM above 1024 px: 80x80 at 1280), one 128-key tile a grid row, and a 100-wide one: the
-# launches the table gives them where they fit this GPU (fp32's dQ does not fit 227 KB at 80: the rewrite leaves such
-# a layer to Inductor, tests/test_placement.py; bf16 runs them with spills, benchmarks/DECISIONS.md)
+# launches the table gives them where they fit this GPU, as a direct call of the op runs them (the rewrite leaves fp32
+# there to Inductor: configs.py's "place" rows, tests/test_placement.py; bf16 runs them with spills, DECISIONS.md)
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["bf16", "fp32-high"])
+@pytest.mark.parametrize("mode", ["bf16", "fp32-high", "fp32-highest"])
 @pytest.mark.parametrize("grid,d", [(80, 64), (80, 80), (100, 64)])
 def test_gpu_grids_over_64_wide(grid, d, mode, matmul_precision):
     dtype, prec, tol = MODES[mode]

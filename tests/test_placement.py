@@ -119,6 +119,50 @@ def test_each_architecture_fuses_or_leaves_the_layer_to_inductor_with_the_reason
             assert verdict == "FUSED", row
 
 
+# The config table's "place" rows: fp32 on key grids past 64 wide (SAM above 1024 px) is left to Inductor on every
+# class, decided from the table before anything compiles; bf16 there, and fp32 at 64 wide, are not placed so
+_PLACED = r"""
+import sys, tempfile, pathlib
+import torch
+from torch._dynamo.utils import counters
+sys.path.insert(0, sys.argv[1])
+from test_placement import layer, _grid_inputs
+from samhq_fx import placement
+from samhq_fx.kernels import arch, fit
+
+def no_compile(*args, **kwargs):
+    raise AssertionError("compiled kernels for a layer the table places with Inductor")
+
+fit.build_all = no_compile
+for name in ("sm_86", "sm_90"):
+    placement.arch.of = lambda device, a=arch.ARCHS[name]: a if device.type == "cpu" else None
+    torch._dynamo.reset(); counters.clear()
+    d = tempfile.mkdtemp()
+    compiled = torch.compile(layer, backend="samhq", options={"samhq.dump_dir": d, "samhq.inductor": False})
+    compiled(*_grid_inputs(1, 4, 80, 8, seed=0))  # fp32, an 80-wide key grid (4 rows: a small CPU reference)
+    print(name, counters["samhq"]["fused"], counters["samhq"]["skipped"], "|",
+          (pathlib.Path(d) / "graph_1_report.txt").read_text().splitlines()[-1])
+for dtype, wk in ((torch.bfloat16, 80), (torch.float32, 64)):
+    print("table", dtype, wk, fit.left_to_inductor(arch.ARCHS["sm_86"], dtype, "highest",
+                                                   fit.Shape(b=12, n_q=wk * wk, hk=wk, wk=wk, d=64, dv=64)))
+"""
+
+
+def test_fp32_past_64_wide_grids_is_placed_with_inductor_before_compiling():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _PLACED, os.path.dirname(__file__)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for name in ("sm_86", "sm_90"):
+        (row,) = [line for line in lines if line.startswith(name + " ")]
+        assert row.startswith(f"{name} 0 1 |"), row  # none fused, one skipped
+        assert f"left to Inductor: the config table places it with Inductor on {name}" in row, row
+        assert "fp32 past 64-wide grids" in row, row
+    assert [line.split()[-1] for line in lines if line.startswith("table ")] == ["None", "None"], proc.stdout
+
+
 @pytest.mark.parametrize("race", ["SystemError: AST constructor recursion depth mismatch (before=40, after=39)",
                                   "CompilationError: at 48:8: (from SystemError: AST constructor recursion depth "
                                   "mismatch (before=40, after=39))"])  # in a called jit function (fit._error_text)
