@@ -12,9 +12,10 @@ SHAPES names or MODEL-LAYER-PX[-bBATCH]; --mode bf16 / tf32 / tf32x3), with --ro
 Each cell prints its launches, then "done" and whether every gradient is finite (or "skip" where a launch does not fit
 the GPU at hand); the sanitizer's "ERROR SUMMARY" closes the run. Set PYTORCH_NO_CUDA_MEMORY_CACHING=1 too, so that a
 global read past a tensor falls outside the caching allocator's blocks and memcheck sees it. Exit status 1: a gradient
-is not finite; 2: every cell was skipped (nothing ran under the sanitizer). "Finite" is a smoke check only (the outputs
-are the kernels' own allocations, not poisoned): whether a row's results are right is tests/test_gpu_arch.py's float64
-check. Where --rows changes none of the cells' launches it says so: a candidate that never applies is not checked.
+is not finite; 2: every cell was skipped (nothing ran under the sanitizer). The kernels' outputs are filled with NaN
+before they write them (as the tests poison them), so "finite" means every output element was written; whether the
+values are right is tests/test_gpu_arch.py's float64 check. Where --rows changes none of the cells' launches it says
+so: a candidate that never applies is not checked.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("memcheck_rows.py runs the kernels: it needs a CUDA GPU")
     real = arch.of(torch.device("cuda"))
+    K._POISON_OUTPUTS = True  # NaN in every output before the kernels write it
     cells = list(itertools.product(args.arch, args.shape, args.mode))
     if rows and not changes_a_launch(rows, cells):
         print(f"--rows {args.rows}: the rows change no launch of these classes, shapes and modes", file=sys.stderr)
