@@ -54,9 +54,11 @@ per SM were within -3% .. +20% of the rows below on the H200 (benchmarks/DECISIO
 The "bwd" rows say how the backward is launched: FUSED (dK/dV and dQ programs in one launch, each computing
 delta itself) or split (dQ first, writing delta, then dK/dV); a fused launch needs dK/dV and dQ to agree on
 num_warps and num_stages.
-The "place" rows say where the rewrite puts a shape class whose launches fit: INDUCTOR=True leaves it to Inductor
-(where Inductor is measured or estimated faster), with the deciding row's reason in the match report
-(`inductor_reason`); direct calls of the op still run the kernels.
+The "place" rows say where the rewrite puts a shape class: INDUCTOR=True leaves it to Inductor (where Inductor is
+measured or estimated faster), asked before its launches are compiled or checked for fit, with the deciding row's
+reason in the match report (`inductor_reason`). Decided at the traced sizes (a dynamic key grid: its traced width);
+direct calls of the op still run the kernels. A row that lifts one for a test (INDUCTOR=False) names wide=True too
+for head dims above 80.
 
 Times: one H200, triton 3.6, CUDA-graph replay, do_bench median, L2 flushed (benchmarks/DECISIONS.md). The rows for
 the other GPU classes (max_smem / min_cc / max_cc conditions, after the rows they refine) are chosen by compiled
@@ -426,6 +428,7 @@ _BLOCKS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "RH_SELECT", "MAXNRE
 # kernel -> the config keys it takes (see "Keys of a config" above)
 CONFIG_KEYS = dict(fwd=_BLOCKS, dq=_BLOCKS + ("SPLIT_ROW",), dkdv=_BLOCKS + ("BIAS_T",), bwd=("FUSED",),
                    place=("INDUCTOR",))
+SWITCHES = ("RH_SELECT", "BIAS_T", "SPLIT_ROW", "FUSED", "INDUCTOR")  # config keys that are on or off
 REASON_MAX = 110  # characters in a row's reason: one line of the table
 
 
@@ -451,6 +454,9 @@ def check_table(table: list, table_name: str = "configs.TABLE") -> None:
                              f"(known: {', '.join(CONFIG_KEYS[kernel])})")
         if not cfg:
             raise ValueError(f"{name}: sets no config key")
+        for key in sorted(set(cfg) & set(SWITCHES)):
+            if type(cfg[key]) is not bool:  # noqa: E721 ("False" would read as on)
+                raise ValueError(f"{name}: config {key}={cfg[key]!r} is not a bool")
         if not isinstance(why, str) or "\n" in why or len(why) > REASON_MAX or not re.search(r"\d", why):
             raise ValueError(f"{name}: the reason must be one line of at most {REASON_MAX} characters with its "
                              f"figure (a measurement or compiled figure)")

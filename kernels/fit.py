@@ -4,7 +4,8 @@ The host functions (rel_pos_attention.forward / backward) run on meta tensors wi
 recorded launch is compiled by Triton for the architecture's target (Triton ships ptxas, so a CPU machine can build
 for sm_80 to sm_120). A launch fits when it compiles, asks for no more shared memory than one CTA may have there and,
 on sm_100, no more tensor-memory columns than an SM has. The rewrite asks this at compile time, on the device it
-compiles for, and leaves an attention it cannot fuse to Inductor; `python tests/cross_compile.py` prints the same
+compiles for, and leaves an attention it cannot fuse to Inductor (as it does one the config table's "place" rows
+give Inductor, `left_to_inductor`, asked first); `python tests/cross_compile.py` prints the same
 facts (shared memory, registers, spills, CTAs per SM) as a table for every architecture and SAM shape.
 
     # q: [B, Nq, D]   k, v: [B, Nk, D]   rel_h: [B, Nq, Hk]   rel_w: [B, Nq, Wk]

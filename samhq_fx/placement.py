@@ -8,9 +8,10 @@
                                 which registration of the op to emit: the triton_op one (Inductor compiles and
                                 launches the kernels) or the opaque one (the op launches them itself)
 
-On a CUDA device the fused op runs the Triton kernels and nothing else: an attention whose launches do not build or
-fit that GPU (kernels/fit.py compiles them for its architecture, or finds them in its cache) is left to Inductor,
-so it costs what Inductor costs. On other devices (CPU) the op runs its reference: correct, and no faster.
+On a CUDA device the fused op runs the Triton kernels and nothing else: an attention that the config table places
+with Inductor on that GPU class (configs.py's "place" rows: Inductor measured or estimated faster), or whose launches do
+not build or fit it (kernels/fit.py compiles them for its architecture, or finds them in its cache), is left to
+Inductor, so it costs what Inductor costs. On other devices (CPU) the op runs its reference: correct, and no faster.
 """
 
 from __future__ import annotations

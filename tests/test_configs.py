@@ -20,7 +20,7 @@ except ImportError:  # running from a checkout without the package installed
 # from d as rel_pos_attention derives it; key-grid widths and query-row counts on both sides of each threshold
 PRECISIONS = [(False, "none"), (True, "tf32"), (True, "tf32x3")]
 HEAD_DIMS = (64, 80, 128)
-WIDTHS = (7, 8, 9, 14, 16, 17, 32, 48, 64, 128)
+WIDTHS = (7, 8, 9, 14, 16, 17, 32, 33, 48, 64, 65, 128)
 ROWS = (1, configs.ROWS_SMALL_FP32, configs.ROWS_SMALL_FP32 + 1, configs.ROWS_SMALL_16BIT,
         configs.ROWS_SMALL_16BIT + 1, 10**6)
 # the GPU classes the rows tell apart: (shared memory a CTA may have, compute capability)
@@ -36,10 +36,11 @@ def shape_classes():
 
 def test_grid_covers_the_thresholds():
     assert {8192, 8193, 40000, 40001, 10**6} <= set(ROWS)
-    assert {configs.WK_TINY, configs.WK_TINY + 1, configs.WK_NARROW, configs.WK_NARROW + 1} <= set(WIDTHS)
+    assert {configs.WK_TINY, configs.WK_TINY + 1, configs.WK_NARROW, configs.WK_NARROW + 1, configs.WK_32,
+            configs.WK_32 + 1, configs.WK_64, configs.WK_64 + 1} <= set(WIDTHS)
     assert {configs.D_64, configs.D_64 + 1} & set(HEAD_DIMS) and max(HEAD_DIMS) > configs.D_WIDE
     assert {configs.SMEM_99KB, configs.SMEM_163KB, configs.SMEM_HOPPER} == {smem for smem, _ in TARGETS}
-    assert sum(1 for _ in shape_classes()) == 3 * 3 * 10 * 6 * 2 * len(TARGETS)
+    assert sum(1 for _ in shape_classes()) == 3 * 3 * len(WIDTHS) * 6 * 2 * len(TARGETS)
 
 
 def dead_rows(table: list) -> list[int]:
@@ -96,6 +97,7 @@ def test_every_shape_class_gets_whole_blocks():
     (("bwd", dict(), dict(BLOCK_M=16), "x: 1 figure"), "config keys ['BLOCK_M'] are not 'bwd' keys"),
     (("delta", dict(), dict(BLOCK_M=16), "x: 1 figure"), "unknown kernel 'delta'"),
     (("fwd", dict(), dict(), "x: 1 figure"), "sets no config key"),
+    (("place", dict(), dict(INDUCTOR="False"), "x: 1 figure"), "config INDUCTOR='False' is not a bool"),
     (("fwd", dict(), dict(BLOCK_N=32), "measured earlier"), "one line of at most 110 characters with its figure"),
     (("fwd", dict(), dict(BLOCK_N=32), "1.2x\nfaster"), "one line of at most 110 characters with its figure"),
     (("fwd", dict(), dict(BLOCK_N=32), "1.2x faster " + "x" * 110), "one line of at most 110"),
