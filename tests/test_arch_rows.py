@@ -160,21 +160,23 @@ def test_memcheck_rows_checks_candidate_rows_before_it_runs(tmp_path):
 
 
 def test_memcheck_rows_says_when_candidate_rows_change_no_launch(tmp_path):
-    # a candidate that never applies to the cells asked for would pass the sanitizer unchecked: the tool tells a row
-    # that changes a launch (sm_90's bf16 SAM-B global dQ at 1 stage) from one that changes none (an fp32 row, bf16
-    # cells), with the GPU table's configs (no TRITON_INTERPRET)
+    # a candidate that never applies to the cells asked for would pass the sanitizer unchecked: the tool finds the
+    # cells whose launches a row changes (a bf16 dQ at 1 stage: both; only Hopper's: sm_90's; an fp32 row: none),
+    # with the GPU table's configs (no TRITON_INTERPRET)
     code = f"""
 import sys
 sys.path.insert(0, {str(TOOLS)!r})
 import memcheck_rows as m
 cells = [("sm_90", "B-global", "bf16"), ("sm_86", "H-windows", "bf16")]
 bf16_dq = [("dq", dict(fp32=False), dict(num_stages=1), "one stage: 1 against 3")]
+hopper_dq = [("dq", dict(fp32=False, min_cc=90), dict(num_stages=1), "one stage: 1 against 3")]
 fp32_dq = [("dq", dict(fp32=True), dict(num_stages=1), "one stage: 1 against 3")]
-print(m.changes_a_launch(bf16_dq, cells), m.changes_a_launch(fp32_dq, cells))
+print(m.changed_cells(bf16_dq, cells) == cells, m.changed_cells(hopper_dq, cells) == cells[:1],
+      m.changed_cells(fp32_dq, cells) == [])
 """
     proc = _gpu_table_python("-c", code)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["True", "False"], proc.stdout
+    assert proc.stdout.split() == ["True", "True", "True"], proc.stdout
 
 
 @pytest.mark.gpu
