@@ -82,8 +82,7 @@ def env_info() -> dict:
 
 # the harnesses' dtypes (train_step.py, inference.py, tools/layer_peers.py), in their table order: torch's fp32 matmul
 # precision for each ("fp32" is PyTorch's default, true fp32 GEMMs), and the relative difference from the reference
-# build over which a run fails: past rounding (recorded: bf16 to 0.053, TF32 to 0.0058, fp32 to 7.4e-5), and for
-# fp32 under what a build that ran 1-pass TF32 instead would show
+# build over which a run fails: past rounding (recorded: bf16 to 0.053, TF32 to 0.0058, fp32 to 7.4e-5)
 DTYPE_PRECISION = {"tf32": "high", "bf16": "high", "fp32": "highest"}
 DTYPE_TOL = {"tf32": 1e-2, "bf16": 1e-1, "fp32": 1e-3}
 

@@ -353,14 +353,25 @@ def test_train_step_quick(tmp_path, capsys):
         assert impls["samhq-eager"]["status"] == "ERROR"
 
 
-def test_layer_peers_times_one_layer_against_inductor(capsys, tmp_path):
+def test_layer_peers_times_one_layer_against_inductor(capsys, tmp_path, monkeypatch):
     # benchmarks/tools/layer_peers.py: one encoder layer at a size the harnesses do not take, samhq and Inductor in
     # one process; samhq rewrites its one attention, Inductor none, and both compute the same loss and gradient; with
-    # --rows one more samhq build under candidate config rows (on CPU the reference runs: no row applies)
+    # --rows one more samhq build whose rewrite decides under the table plus the candidate row, Inductor's caches off
+    # (on CPU the reference runs: the placement calls show what the rewrite saw)
     pytest.importorskip("transformers")
     if not HAVE_SAMHQ:
         pytest.skip("samhq backend not importable")
     import layer_peers
+    from samhq_fx import placement
+    from samhq_fx.kernels import configs
+
+    seen, misfit = [], placement.misfit
+
+    def recording(m, heads=1):
+        seen.append((len(configs.TABLE), torch._inductor.config.force_disable_caches))
+        return misfit(m, heads)
+
+    monkeypatch.setattr(placement, "misfit", recording)
     cand = tmp_path / "cand.py"
     cand.write_text('ROWS = [("dq", dict(prec="tf32"), dict(num_stages=1), "one stage: 1 against 3")]\n')
     rc = layer_peers.main(["--img", "64", "--dtype", "tf32", "--builds", "samhq-eager", "inductor-eager",
@@ -371,6 +382,8 @@ def test_layer_peers_times_one_layer_against_inductor(capsys, tmp_path):
     assert set(rows) == {"samhq-eager", "inductor-eager", "samhq+rows"}, out
     assert [rows[b][4] for b in ("samhq-eager", "inductor-eager", "samhq+rows")] == ["1", "0", "1"], out  # fused
     assert float(rows["inductor-eager"][6]) < 1e-2 and float(rows["samhq+rows"][6]) < 1e-2, out  # the check column
+    n = len(configs.TABLE)
+    assert seen == [(n, torch._inductor.config.force_disable_caches), (n + 1, True)], seen  # samhq, then samhq+rows
 
 
 @pytest.mark.slow
