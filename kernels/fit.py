@@ -150,13 +150,13 @@ _recorded: list[Launch] = []
 def launches(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> list[Launch]:
     """Every launch forward + backward make for `shape` on `target` (precision: torch's fp32 matmul setting).
     With b None, the launches of every batch size: the configs change with rows only at the table's thresholds."""
-    rows = [shape.b] if shape.b is not None else _batches(shape.n_q, shape.heads)
+    batches = _batch_sizes(shape)
     found: dict[Launch, None] = {}
     with _lock, _matmul_precision(precision), arch.assume(target):
         saved = K._launch
         K._launch = _record
         try:
-            for b in rows:
+            for b in batches:
                 _recorded.clear()
                 q = torch.empty(b, shape.n_q, shape.d, device="meta", dtype=dtype)
                 k = torch.empty(b, shape.hk * shape.wk, shape.d, device="meta", dtype=dtype)
@@ -170,6 +170,11 @@ def launches(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape
         finally:
             K._launch = saved
     return list(found)
+
+
+def _batch_sizes(shape: Shape) -> list[int]:
+    """shape.b, or where it is None (any batch) every batch size whose rows class differs (_batches)."""
+    return [shape.b] if shape.b is not None else _batches(shape.n_q, shape.heads)
 
 
 def _batches(n_q: int, heads: int = 1) -> list[int]:
@@ -288,8 +293,7 @@ def build_all(todo: list[tuple[Launch, arch.Arch]], workers: int | None = None) 
 def left_to_inductor(target: arch.Arch, dtype: torch.dtype, precision: str, shape: Shape) -> str | None:
     """The config table's reason for leaving `shape` to Inductor on `target` (its "place" rows) at any of its batch
     sizes (b None: every one whose rows class differs), or None."""
-    batches = [shape.b] if shape.b is not None else _batches(shape.n_q, shape.heads)
-    for b in batches:
+    for b in _batch_sizes(shape):
         reason = K.inductor_reason(dtype, precision, shape.d, shape.dv, shape.wk, b * shape.n_q, target)
         if reason:
             return reason

@@ -90,23 +90,28 @@ _MAX_WK = 128  # one key-grid row must fit in one key tile
 _FP32_PREC = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 follows torch's matmul precision setting, read at call (= trace) time
+def _dot_precision(dtype: torch.dtype, precision: str | None = None) -> str:
+    # fp32 follows torch's matmul precision setting (`precision`, else read at call (= trace) time)
     if dtype == torch.float32:
-        return _FP32_PREC[torch.get_float32_matmul_precision()]
+        return _FP32_PREC[precision or torch.get_float32_matmul_precision()]
     return "none"
+
+
+def _facts(dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int, target: arch.Arch) -> dict:
+    """The shape class configs.py's rows are matched against (its module docstring): rows = batch * queries, d_pad /
+    dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80). 80 runs the head-dim-64 rows
+    (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128."""
+    d = max(d_pad, dv_pad)
+    return dict(fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk, rows=rows,
+                interpret=_INTERPRET, smem=target.smem, cc=target.capability)
 
 
 def _config(kernel: str, dtype: torch.dtype, prec: str, d_pad: int, dv_pad: int, wk: int, rows: int,
             target: arch.Arch) -> dict:
-    """Block config of one kernel for this shape class on the `target` GPU class (the table in configs.py);
-    rows = batch * queries, d_pad / dv_pad the head dims as the kernels see them (tiles.pad: 80 = 64 + 16 stays 80).
-    80 runs the head-dim-64 rows (refined by the table's min_d rows); 96 and above the `wide` rows, tuned for 128.
+    """Block config of one kernel for this shape class (_facts) on the `target` GPU class (the table in configs.py).
     A lookup walks the whole table in Python (~20 us a kernel on the H200's host): read once per call signature, in
     its plan (_plan)."""
-    d = max(d_pad, dv_pad)
-    return configs.config(kernel, fp32=dtype == torch.float32, prec=prec, wide=d > configs.D_WIDE, d=d, wk=wk,
-                          rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
+    return configs.config(kernel, **_facts(dtype, prec, d_pad, dv_pad, wk, rows, target))
 
 
 def inductor_reason(dtype: torch.dtype, precision: str, d: int, dv: int, wk: int, rows: int,
@@ -114,10 +119,8 @@ def inductor_reason(dtype: torch.dtype, precision: str, d: int, dv: int, wk: int
     """Why the rewrite leaves this shape class to Inductor on `target` (the table's "place" rows, configs.py), or None;
     precision: torch's fp32 matmul setting, rows = batch * queries. Asked at compile time (kernels/fit.py); a direct
     call of the op does not ask."""
-    prec = _FP32_PREC[precision] if dtype == torch.float32 else "none"
-    d_max = max(tiles.pad(d), tiles.pad(dv))
-    return configs.inductor_reason(fp32=dtype == torch.float32, prec=prec, wide=d_max > configs.D_WIDE, d=d_max,
-                                   wk=wk, rows=rows, interpret=_INTERPRET, smem=target.smem, cc=target.capability)
+    prec = _dot_precision(dtype, precision)
+    return configs.inductor_reason(**_facts(dtype, prec, tiles.pad(d), tiles.pad(dv), wk, rows, target))
 
 
 _tile, _pad = tiles.tile, tiles.pad
