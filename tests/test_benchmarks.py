@@ -375,7 +375,8 @@ def test_layer_peers_times_one_layer_against_inductor(capsys, tmp_path, monkeypa
     cand = tmp_path / "cand.py"
     cand.write_text('ROWS = [("dq", dict(prec="tf32"), dict(num_stages=1), "one stage: 1 against 3")]\n')
     rc = layer_peers.main(["--img", "64", "--dtype", "tf32", "--builds", "samhq-eager", "inductor-eager",
-                           "--iters", "1", "--warmup", "1", "--device", "cpu", "--rows", str(cand)])
+                           "--iters", "1", "--warmup", "1", "--device", "cpu", "--rows", str(cand),
+                           "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     rows = {line.split()[1]: line.split() for line in out.splitlines() if line.startswith("tf32 ")}
@@ -384,6 +385,11 @@ def test_layer_peers_times_one_layer_against_inductor(capsys, tmp_path, monkeypa
     assert float(rows["inductor-eager"][6]) < 1e-2 and float(rows["samhq+rows"][6]) < 1e-2, out  # the check column
     n = len(configs.TABLE)
     assert seen == [(n, torch._inductor.config.force_disable_caches), (n + 1, True)], seen  # samhq, then samhq+rows
+    recorded = {r["build"]: r for r in common.load_rows(str(tmp_path / "layer_peers.jsonl"))}  # a row per build
+    assert set(recorded) == set(rows), recorded
+    assert [recorded[b]["fused"] for b in ("samhq-eager", "inductor-eager", "samhq+rows")] == [1, 0, 1], recorded
+    assert recorded["samhq+rows"]["rows"] == [["dq", {"prec": "tf32"}, {"num_stages": 1}, "one stage: 1 against 3"]]
+    assert recorded["samhq-eager"]["rows"] is None and recorded["samhq-eager"]["img"] == 64, recorded
 
 
 @pytest.mark.slow

@@ -13,6 +13,9 @@ with SAMHQ_FX_ARCH, can be held to "never slower than Inductor" layer by layer:
 table's, in one more build, "samhq+rows" (Inductor's caches off for it: its compile must see the rows): whether a row
 that makes a layer fit, or changes its launches, beats Inductor there.
 
+--out FILE: a results row per build (common.row_meta, the layer's shape, ms, peak, fused, the check and, for
+samhq+rows, the candidate rows), as results/layer_peers.jsonl holds them.
+
 Builds: samhq on the "eager" class (samhq-eager), Inductor on the "sdpa" class (inductor) and on the "eager" class
 (inductor-eager), default mode, each a fresh compile of a fresh random-init layer (samhq_fx.models.random_init_).
 A step: forward, a loss against a fixed random projection of the output, backward to the input and every parameter.
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps, the first (compiling) one included")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--rows", help="a Python file whose ROWS (candidate config rows) a samhq+rows build runs with")
+    p.add_argument("--out", default=None, help="append a row per build to this .jsonl file (a directory: "
+                                               "<dir>/layer_peers.jsonl); default: print only")
     args = p.parse_args(argv)
     rows = load_rows(args.rows) if args.rows else None  # checked as the table is, before anything compiles
     try:
@@ -110,6 +115,8 @@ def main(argv=None) -> int:
     if args.batch < 1 or args.iters < 1 or args.warmup < 1:
         p.error("--batch, --iters and --warmup must be at least 1")
     device = common.pick_device(args.device)
+    meta = common.row_meta(common.env_info(), device)
+    out = common.results_path("layer_peers", args.out, default=False)
     print(f"{args.model} {args.img} px {args.layer} layer, batch {args.batch}, {device}")
     print(f"{'dtype':<6}{'build':<16}{'ms':>9}{'peak MiB':>10}{'fused':>6}{'vs samhq':>9}{'check':>9}")
     failed = []
@@ -126,6 +133,10 @@ def main(argv=None) -> int:
             peak = f"{r['peak_mib']:10.1f}" if r["peak_mib"] is not None else f"{'-':>10}"
             ratio = f"{r['ms'] / ours:9.2f}" if ours else f"{'-':>9}"
             print(f"{dtype:<6}{r['build']:<16}{r['ms']:9.3f}{peak}{r['fused']:6d}{ratio}{diff:9.1e}", flush=True)
+            common.append_rows(out, [dict(meta, model=args.model, img=args.img, layer=args.layer, batch=args.batch,
+                                          dtype=dtype, build=r["build"], ms=r["ms"], peak_mib=r["peak_mib"],
+                                          fused=r["fused"], check_rel=diff, iters=args.iters,
+                                          rows=rows if r["build"] == "samhq+rows" else None)])
     if failed:
         print(f"FAIL: loss or input gradient differs from {args.builds[0]}'s:", "; ".join(failed))
         return 1
