@@ -396,13 +396,13 @@ TABLE = [
      "fp32 at D=80 padded to 128: fits sm_90's 227 KB of shared memory"),
     ("dq", dict(wide=True, fp32=True), dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2),
      "fp32 at D=80 padded to 128: fits sm_90's 227 KB of shared memory"),
-    # ---- placement: fp32 on key grids past 64 wide (above 1024 px) goes to Inductor, on every class. samhq's sm_90
-    # attention grows 6.1x (TF32) / 6.7x (3-pass) from 1024 to 1280 px, its work 2.44x: Inductor estimated ahead
-    # (benchmarks/DECISIONS.md, "fp32 past 64-wide grids"); tools/layer_peers.py --rows with INDUCTOR=False times it
+    # ---- placement: fp32 on key grids past 64 wide (above 1024 px) goes to Inductor, on every class. One 1280 px
+    # global layer, forward + backward, H100 (tools/layer_peers.py, benchmarks/DECISIONS.md): fused TF32 SAM-B 13.17
+    # ms against 12.71 left to Inductor, ViT-H 29.22 against 18.22; 3-pass 43.76 / 23.55 and 94.36 / 44.53
     ("place", dict(fp32=True, min_wk=WK_64 + 1), dict(INDUCTOR=True),
-     "fp32 past 64-wide grids: Inductor est. ~6.9 ms, samhq 10.10 (sm_90 TF32 SAM-B 1280 px, H100)"),
+     "fp32 past 64-wide grids: fused 13.17 ms, left to Inductor 12.71 (SAM-B TF32 1280 px, H100; ViT-H 29.22/18.22)"),
     ("place", dict(fp32=True, wide=True, min_wk=WK_64 + 1), dict(INDUCTOR=True),
-     "fp32 past 64-wide grids, wide head dims: as at D <= 80 (row above: est. ~6.9 ms against 10.10)"),
+     "fp32 past 64-wide grids, head dims over 80: as at 80 (ViT-H TF32 1280 px: fused 29.22 ms, Inductor 18.22)"),
     # ---- the CPU interpreter: small blocks, so a tiny test shape crosses several query blocks and key
     # tiles with partial ones at both ends (not measured: correctness only)
     ("fwd", dict(interpret=True), dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, RH_SELECT=False),
