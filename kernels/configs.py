@@ -502,13 +502,11 @@ def inductor_reason(*, fp32: bool, prec: str, wide: bool, wk: int, rows: int, in
     """Where the "place" rows leave this shape class to Inductor (INDUCTOR=True, rules 1-5 as for a kernel's
     config), the reason of the last row that set it (OVERRIDES': "OVERRIDES"); None where the rewrite may fuse it."""
     facts = dict(fp32=fp32, prec=prec, wide=wide, wk=wk, rows=rows, interpret=interpret, d=d, smem=smem, cc=cc)
-    inductor, why = False, None
-    for i in applying_rows("place", facts):
-        if "INDUCTOR" in TABLE[i][2]:
-            inductor, why = TABLE[i][2]["INDUCTOR"], TABLE[i][3]
+    if not config("place", **facts).get("INDUCTOR", False):  # rules 4 and 5, as for a kernel's config
+        return None
     if "INDUCTOR" in OVERRIDES.get("place", {}):
-        inductor, why = OVERRIDES["place"]["INDUCTOR"], "OVERRIDES"
-    return why if inductor else None
+        return "OVERRIDES"
+    return next(TABLE[i][3] for i in reversed(applying_rows("place", facts)) if "INDUCTOR" in TABLE[i][2])
 
 
 check_table(TABLE)  # rule 6
